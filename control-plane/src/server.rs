@@ -1,0 +1,253 @@
+//! `byom server`: opens the store and PKI, binds the QUIC gateway and the
+//! admin API, writes the bound addresses to `<data-dir>/server.json`, and
+//! runs until SIGTERM/SIGINT. Everything it holds in memory (live
+//! connections, watchers) is rebuilt from the store and from daemons
+//! reconnecting, so `kill -9` at any instant loses nothing acknowledged.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use byom_protocol::pb::{self, CommandState};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::gateway::LiveMachine;
+use crate::pki::{now_ms, Pki};
+use crate::store::Store;
+use crate::tls::RevokedSet;
+
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub data_dir: PathBuf,
+    pub listen_quic: SocketAddr,
+    pub listen_api: SocketAddr,
+    /// Address daemons dial (goes into pairing tokens). Defaults to the bound
+    /// QUIC address, with an unspecified IP replaced by this host's name.
+    pub public_addr: Option<String>,
+    pub cert_ttl: Duration,
+}
+
+/// How often queued commands are checked against their TTL.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Written to `<data-dir>/server.json` (and the API address to
+/// `<data-dir>/admin/api.json`) for the CLI, tests and the demo.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ServerInfo {
+    pub quic_addr: String,
+    pub api_addr: String,
+    pub public_addr: String,
+    pub ca_sha256: String,
+    pub pid: u32,
+    pub version: String,
+}
+
+/// State shared by the gateway, the API and the background tasks.
+pub struct Shared {
+    pub store: Store,
+    pub pki: Pki,
+    pub revoked: Arc<RevokedSet>,
+    pub live: Mutex<HashMap<String, Arc<LiveMachine>>>,
+    watchers: Mutex<HashMap<String, watch::Sender<u64>>>,
+    pub public_addr: String,
+    pub quic_addr: SocketAddr,
+    pub cert_ttl: Duration,
+    pub shutdown: CancellationToken,
+}
+
+impl Shared {
+    pub fn live_machine(&self, id: &str) -> Option<Arc<LiveMachine>> {
+        self.live.lock().ok()?.get(id).cloned()
+    }
+
+    /// Wakes everyone watching a command.
+    pub fn notify(&self, cmd: &str) {
+        if let Ok(mut w) = self.watchers.lock() {
+            if let Some(tx) = w.get(cmd) {
+                if tx.receiver_count() == 0 {
+                    w.remove(cmd);
+                } else {
+                    tx.send_modify(|v| *v += 1);
+                }
+            }
+        }
+    }
+
+    /// Subscribe before reading the store so no change is missed.
+    pub fn subscribe(&self, cmd: &str) -> watch::Receiver<u64> {
+        match self.watchers.lock() {
+            Ok(mut w) => w
+                .entry(cmd.to_string())
+                .or_insert_with(|| watch::channel(0).0)
+                .subscribe(),
+            // A poisoned lock: watchers fall back to polling.
+            Err(_) => watch::channel(0).1,
+        }
+    }
+}
+
+pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&opts.data_dir)
+        .with_context(|| format!("cannot create data dir {}", opts.data_dir.display()))?;
+    let store = Store::open_sled(&opts.data_dir.join("store"))
+        .with_context(|| format!("cannot open the store in {}", opts.data_dir.display()))?;
+
+    // Bind first so the certificate can name the public host.
+    let quic_socket = std::net::UdpSocket::bind(opts.listen_quic)
+        .with_context(|| format!("cannot bind QUIC on {}", opts.listen_quic))?;
+    let quic_addr = quic_socket.local_addr()?;
+    let api_listener = tokio::net::TcpListener::bind(opts.listen_api)
+        .await
+        .with_context(|| format!("cannot bind the API on {}", opts.listen_api))?;
+    let api_addr = api_listener.local_addr()?;
+
+    let public_addr = match &opts.public_addr {
+        Some(a) => a.clone(),
+        None if quic_addr.ip().is_unspecified() => {
+            format!("{}:{}", crate::hostname(), quic_addr.port())
+        }
+        None => quic_addr.to_string(),
+    };
+    let public_host = public_addr
+        .rsplit_once(':')
+        .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
+        .unwrap_or_default();
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    if !public_host.is_empty() && !names.contains(&public_host) {
+        names.push(public_host);
+    }
+    let pki = Pki::load_or_create(&opts.data_dir, &names).context("cannot set up the PKI")?;
+
+    let revoked = Arc::new(RevokedSet::default());
+    for m in store.list_machines()? {
+        if m.revoked {
+            revoked.insert(&m.id);
+        }
+    }
+
+    let shared = Arc::new(Shared {
+        store,
+        revoked: revoked.clone(),
+        live: Mutex::new(HashMap::new()),
+        watchers: Mutex::new(HashMap::new()),
+        public_addr: public_addr.clone(),
+        quic_addr,
+        cert_ttl: opts.cert_ttl,
+        shutdown: CancellationToken::new(),
+        pki,
+    });
+
+    let quic_cfg = crate::tls::quic_server_config(&shared.pki, revoked)?;
+    let endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(quic_cfg),
+        quic_socket,
+        Arc::new(quinn::TokioRuntime),
+    )?;
+    let api_tls = crate::tls::api_server_config(&shared.pki)?;
+
+    let info = ServerInfo {
+        quic_addr: quic_addr.to_string(),
+        api_addr: api_addr.to_string(),
+        public_addr,
+        ca_sha256: crate::pki::hex(&shared.pki.ca_sha256),
+        pid: std::process::id(),
+        version: byom_protocol::VERSION.to_string(),
+    };
+    let json = serde_json::to_vec_pretty(&info)?;
+    crate::pki::write_atomic(&opts.data_dir.join("server.json"), &json, 0o644)?;
+    crate::pki::write_atomic(
+        &opts.data_dir.join("admin").join("api.json"),
+        &serde_json::to_vec_pretty(&serde_json::json!({ "api_addr": api_addr.to_string() }))?,
+        0o644,
+    )?;
+    tracing::info!(quic = %quic_addr, api = %api_addr, data_dir = %opts.data_dir.display(), "byom server listening");
+
+    let gw = tokio::spawn(crate::gateway::serve(shared.clone(), endpoint.clone()));
+    let api = tokio::spawn(crate::api::serve(shared.clone(), api_listener, api_tls));
+    let sweeper = tokio::spawn(sweep_queue(shared.clone()));
+
+    shutdown_signal().await;
+    tracing::info!("shutting down: work stays in the store");
+    shared.shutdown.cancel();
+    endpoint.close(0u32.into(), b"server shutting down");
+    let _ = tokio::time::timeout(Duration::from_secs(3), async {
+        let _ = gw.await;
+        let _ = api.await;
+        let _ = sweeper.await;
+    })
+    .await;
+    shared.store.flush_async().await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Fails queued commands whose queue TTL passed without their machine
+/// connecting.
+async fn sweep_queue(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let pending = match shared.store.all_pending() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("queue sweep failed: {e}");
+                continue;
+            }
+        };
+        let now = now_ms();
+        let mut changed = false;
+        for c in pending {
+            if c.state() == CommandState::Queued
+                && c.queue_deadline_ms != 0
+                && now >= c.queue_deadline_ms
+            {
+                let r = shared.store.transition(&c.id, &[CommandState::Queued], CommandState::Failed, |c: &mut pb::Command| {
+                    c.reason = "not delivered: the machine did not connect before the queue TTL ran out".into();
+                    c.finished_at_ms = now;
+                });
+                match r {
+                    Ok(Some(_)) => {
+                        changed = true;
+                        shared.notify(&c.id);
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(cmd = %c.id, "cannot expire command: {e}"),
+                }
+            }
+        }
+        if changed {
+            if let Err(e) = shared.store.flush_async().await {
+                tracing::warn!("flush failed: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,581 @@
+//! `byomd run`: dial out, say Hello, keep the connection alive with a
+//! heartbeat, run what the server sends, and reconnect forever with
+//! exponential backoff and jitter. Commands keep running across connection
+//! losses; their results wait in the [`Runner`] for the next connection.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use byom_protocol::pb::{self, to_daemon, to_server, ToDaemon, ToServer};
+use byom_protocol::{close, limits};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::exec::{Admission, Entry, Runner};
+use crate::identity::Identity;
+use crate::wire::{read_frame, write_frame};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection that lasted this long resets the backoff.
+const STABLE_AFTER: Duration = Duration::from_secs(10);
+/// How long the daemon waits for the server to acknowledge an exit before
+/// keeping the result for the next connection.
+const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the certificate's remaining lifetime is checked.
+const RENEW_CHECK: Duration = Duration::from_secs(600);
+const STATUS_FILE: &str = "run.json";
+
+/// What `byomd run` is doing, for `byomd status`. Not session state: only
+/// the connection state and the last error.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct RunStatus {
+    pub pid: u32,
+    pub state: String,
+    pub since_ms: u64,
+    pub server: String,
+    pub last_error: String,
+}
+
+impl RunStatus {
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join(STATUS_FILE)
+    }
+    pub fn load(dir: &Path) -> Option<Self> {
+        serde_json::from_slice(&std::fs::read(Self::path(dir)).ok()?).ok()
+    }
+}
+
+fn set_status(dir: &Path, state: &str, server: &str, err: &str) {
+    let s = RunStatus {
+        pid: std::process::id(),
+        state: state.into(),
+        since_ms: crate::now_ms(),
+        server: server.into(),
+        last_error: err.into(),
+    };
+    if let Ok(j) = serde_json::to_vec_pretty(&s) {
+        let _ = crate::identity::write_atomic(&RunStatus::path(dir), &j, 0o644);
+    }
+}
+
+enum End {
+    /// Connection lost; reconnect. The bool says whether it was stable.
+    Lost(String, bool),
+    /// Got a fresh certificate; reconnect at once.
+    Renewed,
+    /// The server says this identity is no good any more.
+    Revoked(String),
+}
+
+pub struct RunOptions {
+    pub config_dir: PathBuf,
+    pub server: Option<String>,
+}
+
+pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let dir = opts.config_dir;
+    let runner = Arc::new(Runner::new());
+    let mut backoff = limits::RECONNECT_BACKOFF_MIN;
+    tracing::info!(instance = %runner.instance_id, "byomd starting");
+    loop {
+        let ident = Identity::load(&dir)?;
+        if ident.revoked {
+            bail!("this machine was revoked by the server; run `byomd unpair`, then pair it again with a new token");
+        }
+        let key = ident.load_key(&dir)?;
+        let server = opts
+            .server
+            .clone()
+            .unwrap_or_else(|| ident.server_addr.clone());
+        set_status(&dir, "connecting", &server, "");
+        let started = Instant::now();
+        let end = tokio::select! {
+            r = session(&dir, &ident, &key, &server, &runner) => r,
+            _ = shutdown.cancelled() => {
+                set_status(&dir, "stopped", &server, "");
+                runner.cancel_all("byomd stopped");
+                // Let the kill signals land before the process goes.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                return Ok(());
+            }
+        };
+        match end {
+            Ok(End::Renewed) => {
+                backoff = limits::RECONNECT_BACKOFF_MIN;
+                continue;
+            }
+            Ok(End::Revoked(why)) => {
+                runner.cancel_all("machine revoked");
+                tracing::error!("{why}");
+                let mut ident = ident;
+                ident.revoked = true;
+                let _ = ident.save(&dir);
+                set_status(&dir, "revoked", &server, &why);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                bail!("{why}");
+            }
+            Ok(End::Lost(why, stable)) => {
+                tracing::warn!("disconnected from {server}: {why}");
+                set_status(&dir, "reconnecting", &server, &why);
+                if stable || started.elapsed() >= STABLE_AFTER {
+                    backoff = limits::RECONNECT_BACKOFF_MIN;
+                }
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                tracing::warn!("cannot connect to {server}: {why}");
+                set_status(&dir, "reconnecting", &server, &why);
+            }
+        }
+        let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
+        tokio::select! {
+            _ = tokio::time::sleep(backoff + jitter) => {}
+            _ = shutdown.cancelled() => {
+                set_status(&dir, "stopped", &server, "");
+                runner.cancel_all("byomd stopped");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                return Ok(());
+            }
+        }
+        backoff = (backoff * 2).min(limits::RECONNECT_BACKOFF_MAX);
+    }
+}
+
+fn closed_for_good(e: &quinn::ConnectionError) -> Option<String> {
+    match e {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            let reason = String::from_utf8_lossy(&c.reason).into_owned();
+            let code = c.error_code.into_inner();
+            if code == close::REVOKED as u64 {
+                Some(format!("this machine was revoked: {reason}"))
+            } else if code == close::UNKNOWN_MACHINE as u64 {
+                Some(format!(
+                    "the server does not know this machine: {reason}; pair it again"
+                ))
+            } else {
+                None
+            }
+        }
+        // TLS alert certificate_revoked (44) from the server's verifier.
+        quinn::ConnectionError::ConnectionClosed(c)
+            if c.error_code == quinn::TransportErrorCode::crypto(44) =>
+        {
+            Some("this machine's certificate was revoked by the server".into())
+        }
+        _ => None,
+    }
+}
+
+/// Certificate renewal: a CSR for our existing key, answered with a new
+/// certificate that we store atomically.
+async fn renew(dir: &Path, conn: &quinn::Connection, key_pem: &str) -> anyhow::Result<()> {
+    let key = rcgen::KeyPair::from_pem(key_pem)?;
+    let (mut send, mut recv) = conn.open_bi().await?;
+    let req = ToServer {
+        msg: Some(to_server::Msg::Renew(pb::RenewRequest {
+            csr_pem: crate::pair::csr(&key)?,
+        })),
+    };
+    write_frame(&mut send, &req).await?;
+    send.finish()?;
+    let resp: Option<ToDaemon> =
+        tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut recv)).await??;
+    match resp.and_then(|r| r.msg) {
+        Some(to_daemon::Msg::Renew(r)) => {
+            let mut ident = Identity::load(dir)?;
+            ident.cert_pem = r.cert_pem;
+            ident.save(dir)?;
+            tracing::info!("certificate renewed");
+            Ok(())
+        }
+        Some(to_daemon::Msg::Error(e)) => bail!("renewal refused: {}", e.message),
+        _ => bail!("unexpected reply to renewal"),
+    }
+}
+
+/// True when less than half of the certificate's lifetime is left.
+fn needs_renewal(cert_pem: &str) -> bool {
+    match crate::tls::cert_validity(cert_pem) {
+        Some((not_after, lifetime)) => crate::now_ms() + lifetime / 2 >= not_after,
+        None => true,
+    }
+}
+
+async fn session(
+    dir: &Path,
+    ident: &Identity,
+    key: &str,
+    server: &str,
+    runner: &Arc<Runner>,
+) -> anyhow::Result<End> {
+    let addr = crate::pair::resolve(server).await?;
+    let endpoint = crate::pair::client_endpoint(addr)?;
+    let cfg = crate::tls::machine_config(&ident.ca_pem, &ident.cert_pem, key)?;
+    let conn = match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        endpoint.connect_with(cfg, addr, byom_protocol::SERVER_NAME)?,
+    )
+    .await
+    {
+        Err(_) => bail!("no answer within {CONNECT_TIMEOUT:?} (server down, or UDP blocked?)"),
+        Ok(Err(e)) => {
+            if let Some(why) = closed_for_good(&e) {
+                return Ok(End::Revoked(why));
+            }
+            return Err(e).context("handshake failed");
+        }
+        Ok(Ok(c)) => c,
+    };
+    let expired =
+        crate::tls::cert_validity(&ident.cert_pem).is_none_or(|(na, _)| na <= crate::now_ms());
+    if expired {
+        tracing::info!("certificate expired: renewing with the existing key");
+        let r = renew(dir, &conn, key).await;
+        conn.close(0u32.into(), b"renewed");
+        return match r {
+            Ok(()) => Ok(End::Renewed),
+            Err(e) => match conn.close_reason().as_ref().and_then(closed_for_good) {
+                Some(why) => Ok(End::Revoked(why)),
+                None => Err(e),
+            },
+        };
+    }
+    let (mut ctl_send, mut ctl_recv) = conn.open_bi().await?;
+    let (running, held) = runner.inventory();
+    let hello = pb::Hello {
+        protocol_version: byom_protocol::PROTOCOL_VERSION,
+        machine_id: ident.machine_id.clone(),
+        version: byom_protocol::VERSION.into(),
+        os: std::env::consts::OS.into(),
+        arch: std::env::consts::ARCH.into(),
+        hostname: crate::hostname(),
+        instance_id: runner.instance_id.clone(),
+        running,
+        held,
+        max_concurrency: runner.max_concurrency as u32,
+    };
+    write_frame(
+        &mut ctl_send,
+        &ToServer {
+            msg: Some(to_server::Msg::Hello(hello)),
+        },
+    )
+    .await?;
+    let ack = tokio::time::timeout(CONNECT_TIMEOUT, read_frame::<ToDaemon>(&mut ctl_recv)).await;
+    let ack = match ack {
+        Err(_) => bail!("the server did not answer Hello"),
+        Ok(Err(e)) => {
+            if let Some(why) = conn.close_reason().as_ref().and_then(closed_for_good) {
+                return Ok(End::Revoked(why));
+            }
+            return Err(e.into());
+        }
+        Ok(Ok(a)) => a,
+    };
+    let name = match ack.and_then(|a| a.msg) {
+        Some(to_daemon::Msg::HelloAck(a)) => a.machine_name,
+        Some(to_daemon::Msg::Error(e)) => bail!("the server refused Hello: {}", e.message),
+        _ => bail!("unexpected reply to Hello"),
+    };
+    tracing::info!(machine = %ident.machine_id, %name, %server, "connected");
+    set_status(dir, "connected", server, "");
+    let connected_at = Instant::now();
+
+    let heartbeat = heartbeat(&mut ctl_send, ctl_recv);
+    let streams = accept_streams(&conn, runner);
+    let renewal = async {
+        loop {
+            if needs_renewal(&Identity::load(dir).map(|i| i.cert_pem).unwrap_or_default()) {
+                if let Err(e) = renew(dir, &conn, key).await {
+                    tracing::warn!("certificate renewal failed, will retry: {e:#}");
+                }
+            }
+            tokio::time::sleep(RENEW_CHECK).await;
+        }
+    };
+    let why = tokio::select! {
+        w = heartbeat => w,
+        w = streams => w,
+        _ = renewal => "renewal loop ended".to_string(),
+        e = conn.closed() => {
+            if let Some(why) = closed_for_good(&e) {
+                return Ok(End::Revoked(why));
+            }
+            e.to_string()
+        }
+    };
+    conn.close(0u32.into(), why.as_bytes());
+    // A revocation close may race with our own read error.
+    if let Some(why) = conn.close_reason().as_ref().and_then(closed_for_good) {
+        return Ok(End::Revoked(why));
+    }
+    Ok(End::Lost(why, connected_at.elapsed() >= STABLE_AFTER))
+}
+
+/// Pings on the control stream; a server silent for HEARTBEAT_MISSES
+/// intervals is dead (a restarted server never answers on the old
+/// connection, and QUIC's idle timeout alone takes too long).
+async fn heartbeat(send: &mut quinn::SendStream, mut recv_owned: quinn::RecvStream) -> String {
+    let (tx, mut rx) = mpsc::channel::<()>(8);
+    let mut reader = {
+        // Reads must not be cancelled mid-frame, so they get their own task.
+        tokio::spawn(async move {
+            loop {
+                match read_frame::<ToDaemon>(&mut recv_owned).await {
+                    Ok(Some(_)) => {
+                        if tx.send(()).await.is_err() {
+                            return "heartbeat stopped".to_string();
+                        }
+                    }
+                    Ok(None) => return "server closed the control stream".to_string(),
+                    Err(e) => return format!("control stream failed: {e}"),
+                }
+            }
+        })
+    };
+    let mut seq = 0u64;
+    let mut last_heard = Instant::now();
+    let dead_after = limits::HEARTBEAT_INTERVAL * limits::HEARTBEAT_MISSES;
+    let mut tick = tokio::time::interval(limits::HEARTBEAT_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if last_heard.elapsed() >= dead_after {
+                    reader.abort();
+                    return format!("heartbeat lost: no answer from the server for {}s", dead_after.as_secs());
+                }
+                seq += 1;
+                let ping = ToServer { msg: Some(to_server::Msg::Ping(pb::Ping { seq })) };
+                if let Err(e) = write_frame(send, &ping).await {
+                    reader.abort();
+                    return format!("heartbeat failed: {e}");
+                }
+            }
+            Some(()) = rx.recv() => last_heard = Instant::now(),
+            r = &mut reader => return r.unwrap_or_else(|e| e.to_string()),
+        }
+    }
+}
+
+async fn accept_streams(conn: &quinn::Connection, runner: &Arc<Runner>) -> String {
+    loop {
+        let (send, recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(e) => return format!("connection lost: {e}"),
+        };
+        let runner = runner.clone();
+        tokio::spawn(async move {
+            if let Err(e) = handle_stream(send, recv, runner).await {
+                tracing::debug!("command stream ended: {e:#}");
+            }
+        });
+    }
+}
+
+fn error(code: &str, message: impl Into<String>) -> ToServer {
+    ToServer {
+        msg: Some(to_server::Msg::Error(pb::ErrorReply {
+            code: code.into(),
+            message: message.into(),
+        })),
+    }
+}
+
+async fn handle_stream(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    runner: Arc<Runner>,
+) -> anyhow::Result<()> {
+    let first: Option<ToDaemon> =
+        tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut recv)).await??;
+    let (entry, offsets) = match first.and_then(|f| f.msg) {
+        Some(to_daemon::Msg::Exec(req)) => {
+            tracing::info!(cmd = %req.command_id, "exec");
+            match runner.admit(req) {
+                Admission::Started(e) | Admission::Existing(e) => (e, [0, 0]),
+                Admission::AlreadyRan => {
+                    write_frame(
+                        &mut send,
+                        &error(
+                            "already_ran",
+                            "this daemon process already ran this command",
+                        ),
+                    )
+                    .await?;
+                    send.finish()?;
+                    return Ok(());
+                }
+                Admission::Refused(code, msg) => {
+                    write_frame(&mut send, &error(code, msg)).await?;
+                    send.finish()?;
+                    return Ok(());
+                }
+            }
+        }
+        Some(to_daemon::Msg::Attach(a)) => match runner.get(&a.command_id) {
+            Some(e) => (e, [a.stdout_offset, a.stderr_offset]),
+            None => {
+                write_frame(
+                    &mut send,
+                    &error(
+                        "unknown_command",
+                        "this daemon process does not hold this command",
+                    ),
+                )
+                .await?;
+                send.finish()?;
+                return Ok(());
+            }
+        },
+        _ => {
+            write_frame(&mut send, &error("bad_request", "expected Exec or Attach")).await?;
+            send.finish()?;
+            return Ok(());
+        }
+    };
+    serve_entry(send, recv, &entry, offsets, &runner).await
+}
+
+/// Streams a command's state and output from `offsets` until the server
+/// acknowledges its exit. Output is sent from the in-memory buffer, so a
+/// re-attach after a reconnect resumes exactly where the server's store is.
+async fn serve_entry(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    entry: &Arc<Entry>,
+    mut offsets: [u64; 2],
+    runner: &Arc<Runner>,
+) -> anyhow::Result<()> {
+    let (ack_tx, mut ack_rx) = mpsc::channel::<()>(1);
+    let reader_entry = entry.clone();
+    let reader = tokio::spawn(async move {
+        while let Ok(Some(f)) = read_frame::<ToDaemon>(&mut recv).await {
+            match f.msg {
+                Some(to_daemon::Msg::Cancel(c)) => {
+                    tracing::info!(cmd = %reader_entry.id, "cancel: {}", c.reason);
+                    reader_entry.cancel(if c.reason.is_empty() {
+                        "cancelled"
+                    } else {
+                        &c.reason
+                    });
+                }
+                Some(to_daemon::Msg::Ack(_)) => {
+                    let _ = ack_tx.send(()).await;
+                    return;
+                }
+                _ => {}
+            }
+        }
+    });
+    let _abort = AbortOnDrop(reader);
+    let mut changed = entry.subscribe();
+    let mut sent_started = false;
+    loop {
+        // Read exit before output: output is complete once exit is set.
+        let exit = entry.exit();
+        if !sent_started {
+            if let Some(s) = entry.started() {
+                write_frame(
+                    &mut send,
+                    &ToServer {
+                        msg: Some(to_server::Msg::Started(s)),
+                    },
+                )
+                .await?;
+                sent_started = true;
+            }
+        }
+        for (i, stream) in [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
+            .into_iter()
+            .enumerate()
+        {
+            loop {
+                let data = entry.output_from(stream, offsets[i], limits::MAX_OUTPUT_CHUNK_BYTES);
+                if data.is_empty() {
+                    break;
+                }
+                let len = data.len() as u64;
+                let out = pb::Output {
+                    stream: stream as i32,
+                    offset: offsets[i],
+                    data,
+                };
+                write_frame(
+                    &mut send,
+                    &ToServer {
+                        msg: Some(to_server::Msg::Output(out)),
+                    },
+                )
+                .await?;
+                offsets[i] += len;
+            }
+        }
+        if let Some(exit) = exit {
+            write_frame(
+                &mut send,
+                &ToServer {
+                    msg: Some(to_server::Msg::Exit(exit)),
+                },
+            )
+            .await?;
+            match tokio::time::timeout(ACK_TIMEOUT, ack_rx.recv()).await {
+                Ok(Some(())) => {
+                    runner.acknowledge(&entry.id);
+                    let _ = send.finish();
+                }
+                _ => {
+                    tracing::debug!(cmd = %entry.id, "no acknowledgement: holding the result for the next connection")
+                }
+            }
+            return Ok(());
+        }
+        tokio::select! {
+            r = changed.changed() => if r.is_err() { return Ok(()); },
+            // The connection went away: the result waits for the next one.
+            _ = send.stopped() => return Ok(()),
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Deregisters this machine (the server revokes it) over a one-off
+/// connection.
+pub async fn unpair(dir: &Path, ident: &Identity) -> anyhow::Result<()> {
+    let key = ident.load_key(dir)?;
+    let addr = crate::pair::resolve(&ident.server_addr).await?;
+    let endpoint = crate::pair::client_endpoint(addr)?;
+    let cfg = crate::tls::machine_config(&ident.ca_pem, &ident.cert_pem, &key)?;
+    let conn = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        endpoint.connect_with(cfg, addr, byom_protocol::SERVER_NAME)?,
+    )
+    .await
+    .context("no answer from the server")??;
+    let (mut send, mut recv) = conn.open_bi().await?;
+    write_frame(
+        &mut send,
+        &ToServer {
+            msg: Some(to_server::Msg::Unpair(pb::UnpairRequest {})),
+        },
+    )
+    .await?;
+    send.finish()?;
+    let resp: Option<ToDaemon> =
+        tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut recv)).await??;
+    conn.close(0u32.into(), b"unpaired");
+    endpoint.wait_idle().await;
+    match resp.and_then(|r| r.msg) {
+        Some(to_daemon::Msg::Unpair(_)) => Ok(()),
+        Some(to_daemon::Msg::Error(e)) => bail!("{}", e.message),
+        _ => bail!("unexpected reply"),
+    }
+}

@@ -1,0 +1,547 @@
+//! Running commands and holding their results.
+//!
+//! Each command runs in its own process group so cancel and timeout kill
+//! everything it started. Output is kept in memory per command (bounded by
+//! `MAX_COMMAND_OUTPUT_BYTES`; beyond it output is dropped and `truncated`
+//! is reported) until the server acknowledges the exit, so a stream cut by a
+//! network drop can be re-attached from the server's offsets.
+//!
+//! Invariant: a command ID is run at most once per daemon process: `seen`
+//! remembers every ID this process accepted (bounded), and a repeat is
+//! attached to, or refused, never run again.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use byom_protocol::limits;
+use byom_protocol::pb::{self, CommandState};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::now_ms;
+
+/// After cancel or timeout, SIGTERM first, then SIGKILL after this grace.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// After the main process exits, how long its pipes may stay open (held by
+/// background children) before the group is killed.
+const PIPE_DRAIN: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct Output {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
+}
+
+pub struct Entry {
+    pub id: String,
+    output: Mutex<Output>,
+    started: Mutex<Option<pb::Started>>,
+    exit: Mutex<Option<pb::Exit>>,
+    /// Bumped on every change; streams wait on it.
+    changed: watch::Sender<u64>,
+    cancel: watch::Sender<Option<String>>,
+}
+
+impl Entry {
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+    pub fn is_finished(&self) -> bool {
+        self.exit.lock().map(|e| e.is_some()).unwrap_or(true)
+    }
+    pub fn cancel(&self, reason: &str) {
+        self.cancel.send_if_modified(|r| {
+            if r.is_none() {
+                *r = Some(reason.to_string());
+                true
+            } else {
+                false
+            }
+        });
+    }
+    fn held_bytes(&self) -> u64 {
+        self.output
+            .lock()
+            .map(|o| (o.stdout.len() + o.stderr.len()) as u64)
+            .unwrap_or(0)
+    }
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+    pub fn started(&self) -> Option<pb::Started> {
+        self.started.lock().ok().and_then(|s| *s)
+    }
+    pub fn exit(&self) -> Option<pb::Exit> {
+        self.exit.lock().ok().and_then(|s| s.clone())
+    }
+    /// Output of a stream from `offset`, at most `max` bytes.
+    pub fn output_from(&self, stream: pb::OutputStream, offset: u64, max: usize) -> Vec<u8> {
+        let Ok(o) = self.output.lock() else {
+            return Vec::new();
+        };
+        let buf = if stream == pb::OutputStream::Stderr {
+            &o.stderr
+        } else {
+            &o.stdout
+        };
+        let start = (offset as usize).min(buf.len());
+        let end = (start + max).min(buf.len());
+        buf[start..end].to_vec()
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    entries: HashMap<String, Arc<Entry>>,
+    /// Finished entries in finishing order, for eviction.
+    finished: VecDeque<String>,
+    seen: HashSet<String>,
+    seen_order: VecDeque<String>,
+}
+
+/// What to do with an ExecRequest.
+pub enum Admission {
+    /// Started now.
+    Started(Arc<Entry>),
+    /// This process already has it: attach.
+    Existing(Arc<Entry>),
+    /// This process ran it and no longer holds its result.
+    AlreadyRan,
+    /// Refused (error code, message).
+    Refused(&'static str, String),
+}
+
+/// Runs commands and holds their results for this daemon process.
+pub struct Runner {
+    table: Mutex<Table>,
+    pub instance_id: String,
+    pub max_concurrency: usize,
+}
+
+impl Default for Runner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Runner {
+    pub fn new() -> Self {
+        let mut r = [0u8; 8];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+        Self {
+            table: Mutex::new(Table::default()),
+            instance_id: format!("{}-{}", std::process::id(), crate::tls::hex(&r)),
+            max_concurrency: limits::MAX_CONCURRENT_COMMANDS,
+        }
+    }
+
+    /// (running, held) command IDs for Hello.
+    pub fn inventory(&self) -> (Vec<String>, Vec<String>) {
+        let Ok(t) = self.table.lock() else {
+            return (Vec::new(), Vec::new());
+        };
+        let mut running = Vec::new();
+        let mut held = Vec::new();
+        for (id, e) in &t.entries {
+            if e.is_finished() {
+                held.push(id.clone());
+            } else {
+                running.push(id.clone());
+            }
+        }
+        (running, held)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Entry>> {
+        self.table.lock().ok()?.entries.get(id).cloned()
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.table
+            .lock()
+            .map(|t| t.entries.values().filter(|e| !e.is_finished()).count())
+            .unwrap_or(0)
+    }
+
+    /// The server has persisted the result: forget it.
+    pub fn acknowledge(&self, id: &str) {
+        if let Ok(mut t) = self.table.lock() {
+            if t.entries.get(id).is_some_and(|e| e.is_finished()) {
+                t.entries.remove(id);
+                t.finished.retain(|x| x != id);
+            }
+        }
+    }
+
+    /// Kills every running command (revocation, shutdown).
+    pub fn cancel_all(&self, reason: &str) {
+        if let Ok(t) = self.table.lock() {
+            for e in t.entries.values() {
+                e.cancel(reason);
+            }
+        }
+    }
+
+    pub fn admit(self: &Arc<Self>, req: pb::ExecRequest) -> Admission {
+        let Ok(mut t) = self.table.lock() else {
+            return Admission::Refused("internal", "daemon state poisoned".into());
+        };
+        if let Some(e) = t.entries.get(&req.command_id) {
+            return Admission::Existing(e.clone());
+        }
+        if t.seen.contains(&req.command_id) {
+            return Admission::AlreadyRan;
+        }
+        let running = t.entries.values().filter(|e| !e.is_finished()).count();
+        if running >= self.max_concurrency {
+            return Admission::Refused(
+                "busy",
+                format!(
+                    "the daemon already runs {running} commands (limit {})",
+                    self.max_concurrency
+                ),
+            );
+        }
+        t.seen.insert(req.command_id.clone());
+        t.seen_order.push_back(req.command_id.clone());
+        while t.seen_order.len() > limits::MAX_SEEN_COMMAND_IDS {
+            if let Some(old) = t.seen_order.pop_front() {
+                t.seen.remove(&old);
+            }
+        }
+        let entry = Arc::new(Entry {
+            id: req.command_id.clone(),
+            output: Mutex::new(Output::default()),
+            started: Mutex::new(None),
+            exit: Mutex::new(None),
+            changed: watch::channel(0).0,
+            cancel: watch::channel(None).0,
+        });
+        t.entries.insert(req.command_id.clone(), entry.clone());
+        drop(t);
+        let runner = self.clone();
+        let e = entry.clone();
+        tokio::spawn(async move {
+            let exit = run_process(&e, req).await;
+            if let Ok(mut x) = e.exit.lock() {
+                *x = Some(exit);
+            }
+            e.bump();
+            runner.finished(&e.id);
+        });
+        Admission::Started(entry)
+    }
+
+    /// Keeps held results within their bounds, evicting the oldest.
+    fn finished(&self, id: &str) {
+        let Ok(mut t) = self.table.lock() else { return };
+        if !t.entries.contains_key(id) {
+            return;
+        }
+        t.finished.push_back(id.to_string());
+        loop {
+            let held: u64 = t
+                .entries
+                .values()
+                .filter(|e| e.is_finished())
+                .map(|e| e.held_bytes())
+                .sum();
+            if t.finished.len() <= limits::MAX_HELD_RESULTS && held <= limits::MAX_HELD_OUTPUT_BYTES
+            {
+                break;
+            }
+            let Some(old) = t.finished.pop_front() else {
+                break;
+            };
+            tracing::warn!(cmd = %old, "dropping an undelivered result: too many held results");
+            t.entries.remove(&old);
+        }
+    }
+}
+
+fn exit_record(
+    state: CommandState,
+    reason: String,
+    started: Instant,
+    started_at_ms: u64,
+) -> pb::Exit {
+    pb::Exit {
+        state: state as i32,
+        reason,
+        duration_ms: started.elapsed().as_millis() as u64,
+        started_at_ms,
+        finished_at_ms: now_ms(),
+        ..Default::default()
+    }
+}
+
+#[cfg(unix)]
+fn kill_group(pgid: u32, sig: i32) {
+    // SAFETY: killpg only sends a signal; a stale pgid fails with ESRCH.
+    unsafe {
+        libc::killpg(pgid as libc::pid_t, sig);
+    }
+}
+
+#[cfg(unix)]
+const SIGTERM: i32 = libc::SIGTERM;
+#[cfg(unix)]
+const SIGKILL: i32 = libc::SIGKILL;
+#[cfg(not(unix))]
+const SIGTERM: i32 = 15;
+#[cfg(not(unix))]
+const SIGKILL: i32 = 9;
+#[cfg(not(unix))]
+fn kill_group(_pgid: u32, _sig: i32) {}
+
+async fn pump<R: tokio::io::AsyncRead + Unpin>(entry: Arc<Entry>, mut r: R, stderr: bool) {
+    let mut buf = vec![0u8; limits::MAX_OUTPUT_CHUNK_BYTES];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if let Ok(mut o) = entry.output.lock() {
+            let used = (o.stdout.len() + o.stderr.len()) as u64;
+            let room = limits::MAX_COMMAND_OUTPUT_BYTES.saturating_sub(used) as usize;
+            let take = n.min(room);
+            if take < n {
+                o.truncated = true;
+            }
+            let dst = if stderr { &mut o.stderr } else { &mut o.stdout };
+            dst.extend_from_slice(&buf[..take]);
+        }
+        entry.bump();
+    }
+}
+
+async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest) -> pb::Exit {
+    let t0 = Instant::now();
+    let mut cmd = if !req.shell.is_empty() {
+        let mut c = tokio::process::Command::new("sh");
+        c.arg("-c").arg(&req.shell);
+        c
+    } else if let Some((prog, args)) = req.argv.split_first() {
+        let mut c = tokio::process::Command::new(prog);
+        c.args(args);
+        c
+    } else {
+        return exit_record(CommandState::Failed, "empty command".into(), t0, 0);
+    };
+    if !req.cwd.is_empty() {
+        let cwd = if let Some(rest) = req.cwd.strip_prefix("~/") {
+            std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(rest))
+                .unwrap_or_else(|| req.cwd.clone().into())
+        } else {
+            req.cwd.clone().into()
+        };
+        if !cwd.is_dir() {
+            return exit_record(
+                CommandState::Failed,
+                format!(
+                    "working directory {} does not exist on this machine",
+                    cwd.display()
+                ),
+                t0,
+                0,
+            );
+        }
+        cmd.current_dir(cwd);
+    }
+    cmd.envs(&req.env)
+        .stdin(if req.stdin.is_empty() {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    #[cfg(unix)]
+    cmd.process_group(0);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let what = req.argv.first().map(String::as_str).unwrap_or("sh");
+            return exit_record(
+                CommandState::Failed,
+                format!("cannot start {what:?}: {e}"),
+                t0,
+                0,
+            );
+        }
+    };
+    let pid = child.id().unwrap_or(0);
+    let started_at_ms = now_ms();
+    if let Ok(mut s) = entry.started.lock() {
+        *s = Some(pb::Started { pid, started_at_ms });
+    }
+    entry.bump();
+    if let Some(mut stdin) = child.stdin.take() {
+        let data = req.stdin.clone();
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&data).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
+    let out = child
+        .stdout
+        .take()
+        .map(|o| tokio::spawn(pump(entry.clone(), o, false)));
+    let err = child
+        .stderr
+        .take()
+        .map(|e| tokio::spawn(pump(entry.clone(), e, true)));
+
+    let timeout = if req.timeout_ms == 0 {
+        None
+    } else {
+        Some(Duration::from_millis(req.timeout_ms))
+    };
+    let mut cancel = entry.cancel.subscribe();
+    let mut ended_by: Option<(CommandState, String)> = None;
+    let status = loop {
+        let deadline = async {
+            match timeout {
+                Some(t) => tokio::time::sleep(t.saturating_sub(t0.elapsed())).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            s = child.wait() => break s,
+            _ = deadline, if ended_by.is_none() => {
+                ended_by = Some((CommandState::TimedOut, format!("killed after the {} timeout", humantime::format_duration(timeout.unwrap_or_default()))));
+            }
+            r = cancel.changed(), if ended_by.is_none() => {
+                if r.is_err() { continue; }
+                let reason = cancel.borrow().clone().unwrap_or_else(|| "cancelled".into());
+                ended_by = Some((CommandState::Cancelled, reason));
+            }
+        }
+        // Ask nicely, then insist; the whole group either way.
+        kill_group(pid, SIGTERM);
+        let grace = tokio::time::timeout(KILL_GRACE, child.wait()).await;
+        match grace {
+            Ok(s) => break s,
+            Err(_) => {
+                kill_group(pid, SIGKILL);
+                break child.wait().await;
+            }
+        }
+    };
+    // Background children may hold the pipes open: give them a moment, then
+    // take the group down so nothing outlives the command.
+    let drain = async {
+        if let Some(o) = out {
+            let _ = o.await;
+        }
+        if let Some(e) = err {
+            let _ = e.await;
+        }
+    };
+    if tokio::time::timeout(PIPE_DRAIN, drain).await.is_err() {
+        kill_group(pid, SIGKILL);
+    }
+    if ended_by.is_some() {
+        kill_group(pid, SIGKILL);
+    }
+    let mut exit = match ended_by {
+        Some((state, reason)) => exit_record(state, reason, t0, started_at_ms),
+        None => exit_record(CommandState::Exited, String::new(), t0, started_at_ms),
+    };
+    match status {
+        Ok(s) => {
+            exit.exit_code = s.code();
+            #[cfg(unix)]
+            {
+                use std::os::unix::process::ExitStatusExt;
+                exit.signal = s.signal();
+            }
+        }
+        Err(e) => {
+            exit.state = CommandState::Failed as i32;
+            exit.reason = format!("waiting for the process failed: {e}");
+        }
+    }
+    if let Ok(o) = entry.output.lock() {
+        exit.stdout_bytes = o.stdout.len() as u64;
+        exit.stderr_bytes = o.stderr.len() as u64;
+        exit.truncated = o.truncated;
+    }
+    exit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(id: &str, shell: &str) -> pb::ExecRequest {
+        pb::ExecRequest {
+            command_id: id.into(),
+            shell: shell.into(),
+            ..Default::default()
+        }
+    }
+
+    async fn wait(e: &Arc<Entry>) -> pb::Exit {
+        let mut rx = e.subscribe();
+        for _ in 0..200 {
+            if let Some(x) = e.exit() {
+                return x;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await;
+        }
+        panic!("command did not finish");
+    }
+
+    #[tokio::test]
+    async fn runs_once_and_reports() {
+        let r = Arc::new(Runner::new());
+        let Admission::Started(e) = r.admit(req("cmd_1", "echo out; echo err >&2; exit 3")) else {
+            panic!()
+        };
+        let x = wait(&e).await;
+        assert_eq!(x.exit_code, Some(3));
+        assert_eq!(e.output_from(pb::OutputStream::Stdout, 0, 100), b"out\n");
+        assert_eq!(e.output_from(pb::OutputStream::Stderr, 0, 100), b"err\n");
+        assert!(matches!(
+            r.admit(req("cmd_1", "true")),
+            Admission::Existing(_)
+        ));
+        assert_eq!(r.inventory().1, vec!["cmd_1".to_string()]);
+        r.acknowledge("cmd_1");
+        assert!(matches!(
+            r.admit(req("cmd_1", "true")),
+            Admission::AlreadyRan
+        ));
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_group() {
+        let r = Arc::new(Runner::new());
+        let mut q = req("cmd_2", "sleep 30 & sleep 30; echo never");
+        q.timeout_ms = 300;
+        let Admission::Started(e) = r.admit(q) else {
+            panic!()
+        };
+        let t = Instant::now();
+        let x = wait(&e).await;
+        assert_eq!(x.state(), CommandState::TimedOut);
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    #[tokio::test]
+    async fn output_is_bounded() {
+        let r = Arc::new(Runner::new());
+        let Admission::Started(e) = r.admit(req("cmd_3", "head -c 9000000 /dev/zero")) else {
+            panic!()
+        };
+        let x = wait(&e).await;
+        assert!(x.truncated);
+        assert_eq!(x.stdout_bytes, limits::MAX_COMMAND_OUTPUT_BYTES);
+    }
+}

@@ -1,0 +1,242 @@
+use std::path::PathBuf;
+
+use anyhow::Context;
+use byom_daemon::identity::{self, Identity, KeyStoreChoice};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "byomd",
+    version,
+    about = "byomd: lets the byom agent run commands on this machine"
+)]
+struct Cli {
+    /// Where the identity (certificate, CA pin, server address, key file) lives.
+    #[arg(long, env = "BYOMD_CONFIG_DIR", global = true)]
+    config_dir: Option<PathBuf>,
+    /// Log filter (e.g. info, debug).
+    #[arg(long, env = "BYOMD_LOG", global = true, default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Pair this machine with a one-time token from `byom token create`.
+    Pair {
+        token: String,
+        /// Machine name (default: the token's name, else this host's name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Dial this HOST:PORT instead of the address in the token.
+        #[arg(long)]
+        server: Option<String>,
+        /// Where to keep the private key.
+        #[arg(long, env = "BYOMD_KEY_STORE", value_enum, default_value = "auto")]
+        key_store: KeyStoreChoice,
+    },
+    /// Connect to the server and run commands (use as a service).
+    Run {
+        /// Dial this HOST:PORT instead of the paired address.
+        #[arg(long)]
+        server: Option<String>,
+    },
+    /// Show the identity, certificate, key store and connection state.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deregister from the server and wipe the local identity.
+    Unpair {
+        /// Wipe locally even if the server cannot be reached.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let code = match real_main(cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("byomd: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<i32> {
+    let dir = cli.config_dir.unwrap_or_else(identity::default_config_dir);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    match cli.cmd {
+        Cmd::Pair {
+            token,
+            name,
+            server,
+            key_store,
+        } => {
+            let id = rt.block_on(byom_daemon::pair::pair(
+                &dir,
+                byom_daemon::pair::PairOptions {
+                    token,
+                    name,
+                    server,
+                    key_store,
+                },
+            ))?;
+            println!(
+                "paired as {} ({}) with {}",
+                id.name, id.machine_id, id.server_addr
+            );
+            println!("key store: {}", key_store_name(&id));
+            println!("start it with: byomd run{}", dir_flag(&dir));
+            Ok(0)
+        }
+        Cmd::Run { server } => {
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let s = shutdown.clone();
+            rt.spawn(async move {
+                wait_signal().await;
+                s.cancel();
+            });
+            rt.block_on(byom_daemon::conn::run(
+                byom_daemon::conn::RunOptions {
+                    config_dir: dir,
+                    server,
+                },
+                shutdown,
+            ))?;
+            Ok(0)
+        }
+        Cmd::Status { json } => status(&dir, json),
+        Cmd::Unpair { force } => {
+            let id = Identity::load(&dir)?;
+            let r = rt.block_on(byom_daemon::conn::unpair(&dir, &id));
+            match r {
+                Ok(()) => {}
+                Err(e) if force => eprintln!(
+                    "byomd: could not deregister from the server ({e:#}); wiping locally anyway"
+                ),
+                Err(e) => {
+                    return Err(e.context(
+                        "could not deregister from the server; use --force to wipe locally anyway",
+                    ))
+                }
+            }
+            id.wipe(&dir)?;
+            let _ = std::fs::remove_file(byom_daemon::conn::RunStatus::path(&dir));
+            println!(
+                "unpaired {} ({}); local identity wiped",
+                id.name, id.machine_id
+            );
+            Ok(0)
+        }
+    }
+}
+
+fn dir_flag(dir: &std::path::Path) -> String {
+    if dir == identity::default_config_dir() {
+        String::new()
+    } else {
+        format!(" --config-dir {}", dir.display())
+    }
+}
+
+fn key_store_name(id: &Identity) -> &'static str {
+    match id.key_store {
+        identity::KeyStore::Keyring => "OS keyring",
+        identity::KeyStore::File => "0600 file in the config dir (no usable OS keyring)",
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        // SAFETY: signal 0 only checks that the process exists.
+        unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
+fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
+    let id = Identity::load(dir)?;
+    let validity = byom_daemon::tls::cert_validity(&id.cert_pem);
+    let run = byom_daemon::conn::RunStatus::load(dir).filter(|r| pid_alive(r.pid));
+    let now = byom_daemon::now_ms();
+    let connection = match (&run, id.revoked) {
+        (_, true) => "revoked by the server: run `byomd unpair`, then pair again".to_string(),
+        (None, _) => "not running: start `byomd run`".to_string(),
+        (Some(r), _) if r.state == "connected" => format!(
+            "connected since {}s (pid {})",
+            (now.saturating_sub(r.since_ms)) / 1000,
+            r.pid
+        ),
+        (Some(r), _) => format!(
+            "{} (pid {}){}",
+            r.state,
+            r.pid,
+            if r.last_error.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", r.last_error)
+            }
+        ),
+    };
+    let expiry = match validity {
+        Some((na, _)) if na > now => format!(
+            "valid for {}h more (renewed automatically)",
+            (na - now) / 3_600_000
+        ),
+        Some(_) => "expired: `byomd run` renews it with the existing key on connect".to_string(),
+        None => "unreadable".to_string(),
+    };
+    if json {
+        let v = serde_json::json!({
+            "machine_id": id.machine_id, "name": id.name, "server": id.server_addr,
+            "cert_not_after_ms": validity.map(|v| v.0), "key_store": id.key_store,
+            "config_dir": dir.display().to_string(), "revoked": id.revoked,
+            "running": run.is_some(), "state": run.as_ref().map(|r| r.state.clone()),
+            "last_error": run.as_ref().map(|r| r.last_error.clone()), "connection": connection,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("machine:      {} ({})", id.name, id.machine_id);
+        println!("server:       {}", id.server_addr);
+        println!("certificate:  {expiry}");
+        println!("key store:    {}", key_store_name(&id));
+        println!("config dir:   {}", dir.display());
+        println!("connection:   {connection}");
+    }
+    Ok(0)
+}
+
+async fn wait_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let (Ok(mut t), Ok(mut i)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,138 @@
+//! The byom wire protocol: protobuf messages for the daemon protocol (QUIC)
+//! and the admin API (gRPC), the length-prefixed frame codec with its size
+//! limits, typed object IDs, the pairing-token format and the shared limits.
+//!
+//! This crate does no I/O: it never knows about sockets, tokio, storage or
+//! clocks. Everything here is a pure function of its input, which is what
+//! lets the codec be property-tested and both peers agree by construction.
+//!
+//! Key items: [`pb`] (generated messages), [`frame`] (encode/decode with
+//! [`limits::MAX_FRAME_BYTES`]), [`id`] (`mch_…`, `cmd_…`, `tok_…`),
+//! [`token::PairingToken`], [`limits`], [`PROTOCOL_VERSION`] and [`ALPN`].
+
+pub mod frame;
+pub mod id;
+pub mod limits;
+pub mod token;
+
+/// Generated protobuf messages (package `byom.v1`).
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/byom.v1.rs"));
+}
+
+/// Version of the daemon protocol. Bumped on incompatible changes; the ALPN
+/// carries it so mismatched peers fail in the TLS handshake with a clear error.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// ALPN protocol ID for the QUIC and TCP transports.
+pub const ALPN: &[u8] = b"byom/1";
+
+/// TLS server name every daemon uses: the CA is private and pinned, so the
+/// name only has to match the server certificate the CA issued.
+pub const SERVER_NAME: &str = "byom-server";
+
+/// Crate version, reported in Hello and by `--version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+impl pb::CommandState {
+    /// True for states a command never leaves.
+    pub fn is_terminal(self) -> bool {
+        use pb::CommandState::*;
+        matches!(self, Exited | Failed | Cancelled | TimedOut | Lost)
+    }
+
+    /// Lower-case name used by the CLI and JSON output.
+    pub fn name(self) -> &'static str {
+        use pb::CommandState::*;
+        match self {
+            Unspecified => "unspecified",
+            Queued => "queued",
+            Dispatched => "dispatched",
+            Running => "running",
+            Exited => "exited",
+            Failed => "failed",
+            Cancelled => "cancelled",
+            TimedOut => "timed_out",
+            Lost => "lost",
+        }
+    }
+
+    /// Parses a name produced by [`Self::name`].
+    pub fn parse(s: &str) -> Option<Self> {
+        use pb::CommandState::*;
+        [
+            Queued, Dispatched, Running, Exited, Failed, Cancelled, TimedOut, Lost,
+        ]
+        .into_iter()
+        .find(|st| st.name() == s)
+    }
+
+    /// The command state machine. Every store write of a state goes through
+    /// this check, so an impossible transition is an error, not a silent bug.
+    pub fn can_become(self, next: Self) -> bool {
+        use pb::CommandState::*;
+        match (self, next) {
+            (a, b) if a == b => false,
+            (a, _) if a.is_terminal() => false,
+            (_, Unspecified | Queued) => false,
+            (Queued, Dispatched) => true,
+            // A queued command can be cancelled or expire without running.
+            (Queued, Cancelled | Failed) => true,
+            (Queued, _) => false,
+            (Dispatched, Running) => true,
+            (Dispatched | Running, Exited | Failed | Cancelled | TimedOut | Lost) => true,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pb::CommandState;
+
+    #[test]
+    fn terminal_states_are_final() {
+        for s in [
+            CommandState::Exited,
+            CommandState::Failed,
+            CommandState::Cancelled,
+            CommandState::TimedOut,
+            CommandState::Lost,
+        ] {
+            for n in [
+                CommandState::Queued,
+                CommandState::Running,
+                CommandState::Exited,
+            ] {
+                assert!(!s.can_become(n), "{s:?} -> {n:?}");
+            }
+        }
+        assert!(CommandState::Queued.can_become(CommandState::Dispatched));
+        assert!(!CommandState::Queued.can_become(CommandState::Running));
+        assert!(CommandState::Running.can_become(CommandState::Lost));
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in ["queued", "running", "exited", "timed_out", "lost"] {
+            assert_eq!(CommandState::parse(s).map(|x| x.name()), Some(s));
+        }
+        assert_eq!(CommandState::parse("bogus"), None);
+    }
+}
+
+/// QUIC application close codes the server uses, so a daemon knows whether
+/// to reconnect.
+pub mod close {
+    /// Normal close (shutdown, daemon gone); reconnect.
+    pub const NORMAL: u32 = 0;
+    /// Bad request or unknown certificate role; reconnect later.
+    pub const PROTOCOL: u32 = 1;
+    /// A newer connection of the same machine replaced this one.
+    pub const REPLACED: u32 = 3;
+    /// The machine was revoked: stop, kill running commands, never retry.
+    pub const REVOKED: u32 = 0x52;
+    /// The server does not know this machine (or its key): pair again.
+    pub const UNKNOWN_MACHINE: u32 = 0x53;
+}
