@@ -293,7 +293,9 @@ async fn session(
                     tracing::warn!("certificate renewal failed, will retry: {e:#}");
                 }
             }
-            tokio::time::sleep(RENEW_CHECK).await;
+            // Short-lived certificates are checked more often.
+            let lifetime = crate::tls::cert_validity(&ident.cert_pem).map(|v| v.1).unwrap_or(0);
+            tokio::time::sleep(RENEW_CHECK.min(Duration::from_millis((lifetime / 8).max(500)))).await;
         }
     };
     let why = tokio::select! {
