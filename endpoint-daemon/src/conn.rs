@@ -293,9 +293,16 @@ async fn session(
                     tracing::warn!("certificate renewal failed, will retry: {e:#}");
                 }
             }
-            // Short-lived certificates are checked more often.
-            let lifetime = crate::tls::cert_validity(&ident.cert_pem).map(|v| v.1).unwrap_or(0);
-            tokio::time::sleep(RENEW_CHECK.min(Duration::from_millis((lifetime / 8).max(500)))).await;
+            // Check again well before the certificate could expire.
+            let not_after = Identity::load(dir)
+                .ok()
+                .and_then(|i| crate::tls::cert_validity(&i.cert_pem))
+                .map(|v| v.0)
+                .unwrap_or(0);
+            let remaining = not_after.saturating_sub(crate::now_ms());
+            let wait =
+                Duration::from_millis(remaining / 4).clamp(Duration::from_millis(500), RENEW_CHECK);
+            tokio::time::sleep(wait).await;
         }
     };
     let why = tokio::select! {

@@ -1,1 +1,375 @@
+//! Test harness for byom's end-to-end tests and benchmarks: starts real
+//! `byom server` and `byomd` processes on loopback with real sled stores in
+//! temp dirs, drives them through the real CLI, and provides a UDP proxy
+//! that can cut the network between a daemon and the server.
+//!
+//! It knows nothing the tests could not learn from outside: binaries, files
+//! they write (`server.json`), and their command lines.
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub mod proxy;
+
+/// Directory holding the `byom` and `byomd` binaries: `BYOM_BIN_DIR`, else
+/// the cargo target dir this test binary was built into.
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("BYOM_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/test-xxxx → target/<profile>
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        p.exists(),
+        "{} not built: run `cargo build --workspace` (or cargo test --workspace)",
+        p.display()
+    );
+    p
+}
+
+/// Polls `f` every 50 ms until it returns Some or `timeout` passes.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn kill(child: &mut Child, sig: i32) {
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+/// A running `byom server`.
+pub struct Server {
+    child: Option<Child>,
+    pub data_dir: PathBuf,
+    pub quic_addr: SocketAddr,
+    pub api_addr: SocketAddr,
+    pub extra_args: Vec<String>,
+}
+
+impl Server {
+    pub fn start(dir: &Path) -> Server {
+        Self::start_with(dir, &[])
+    }
+
+    pub fn start_with(dir: &Path, extra: &[&str]) -> Server {
+        let mut s = Server {
+            child: None,
+            data_dir: dir.join("server"),
+            quic_addr: "127.0.0.1:0".parse().unwrap(),
+            api_addr: "127.0.0.1:0".parse().unwrap(),
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.launch();
+        s
+    }
+
+    fn launch(&mut self) {
+        let _ = std::fs::remove_file(self.data_dir.join("server.json"));
+        std::fs::create_dir_all(&self.data_dir).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data_dir.join("../server.log"))
+            .unwrap();
+        let child = Command::new(bin("byom"))
+            .arg("server")
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen-quic")
+            .arg(self.quic_addr.to_string())
+            .arg("--listen-api")
+            .arg(self.api_addr.to_string())
+            .args(&self.extra_args)
+            .env("BYOM_LOG", "info,byom_control_plane=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start byom server");
+        self.child = Some(child);
+        let json = self.data_dir.join("server.json");
+        let info: Value = wait_for("server.json", Duration::from_secs(30), || {
+            let v: Value = serde_json::from_slice(&std::fs::read(&json).ok()?).ok()?;
+            Some(v)
+        });
+        self.quic_addr = info["quic_addr"].as_str().unwrap().parse().unwrap();
+        self.api_addr = info["api_addr"].as_str().unwrap().parse().unwrap();
+    }
+
+    /// `kill -9`: no chance to flush or say goodbye.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts again on the same ports and data dir.
+    pub fn restart(&mut self) {
+        self.kill9();
+        let t = Instant::now();
+        loop {
+            // The old process's ports can take a moment to be released.
+            let udp = std::net::UdpSocket::bind(self.quic_addr).is_ok();
+            let tcp = std::net::TcpListener::bind(self.api_addr).is_ok();
+            if (udp && tcp) || t.elapsed() > Duration::from_secs(10) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.launch();
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn creds(&self) -> PathBuf {
+        self.data_dir.join("admin")
+    }
+
+    /// Runs the `byom` CLI against this server.
+    pub fn byom(&self, args: &[&str]) -> Output {
+        self.byom_cmd(args).output().expect("run byom")
+    }
+
+    pub fn byom_cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin("byom"));
+        c.args(args)
+            .env("BYOM_CREDS", self.creds())
+            .env_remove("BYOM_API")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Runs `byom … --json` and parses the output, panicking on failure.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let out = self.byom(&a);
+        assert!(
+            out.status.success(),
+            "byom {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "byom {args:?}: bad JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    pub fn token(&self, extra: &[&str]) -> String {
+        let mut a = vec!["token", "create"];
+        a.extend_from_slice(extra);
+        let v = self.json(&a);
+        v["token"].as_str().expect("token string").to_string()
+    }
+
+    pub fn machine(&self, m: &str) -> Value {
+        self.json(&["machines", "show", m])
+    }
+
+    pub fn command(&self, id: &str) -> Value {
+        self.json(&["commands", "show", id])
+    }
+
+    pub fn wait_online(&self, m: &str, online: bool, timeout: Duration) {
+        wait_for(&format!("{m} online={online}"), timeout, || {
+            (self.machine(m)["online"].as_bool() == Some(online)).then_some(())
+        });
+    }
+
+    /// Waits for a command to reach a terminal state and returns it.
+    pub fn wait_done(&self, id: &str, timeout: Duration) -> Value {
+        wait_for(&format!("{id} to finish"), timeout, || {
+            let c = self.command(id);
+            let st = c["state"].as_str().unwrap_or("");
+            matches!(st, "exited" | "failed" | "cancelled" | "timed_out" | "lost").then_some(c)
+        })
+    }
+
+    /// Queues a command with --detach and returns its ID.
+    pub fn detach(&self, machine: &str, extra: &[&str], argv: &[&str]) -> String {
+        let mut a = vec!["exec", machine, "--detach"];
+        a.extend_from_slice(extra);
+        a.push("--");
+        a.extend_from_slice(argv);
+        let out = self.byom(&a);
+        assert!(
+            out.status.success(),
+            "exec failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            kill(c, libc::SIGTERM);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(3) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A `byomd` with its own config dir.
+pub struct Daemon {
+    child: Option<Child>,
+    pub config_dir: PathBuf,
+    log: PathBuf,
+    pub server_override: Option<String>,
+}
+
+impl Daemon {
+    pub fn new(dir: &Path, name: &str) -> Daemon {
+        Daemon {
+            child: None,
+            config_dir: dir.join(name),
+            log: dir.join(format!("{name}.log")),
+            server_override: None,
+        }
+    }
+
+    pub fn byomd(&self, args: &[&str]) -> Output {
+        Command::new(bin("byomd"))
+            .arg("--config-dir")
+            .arg(&self.config_dir)
+            .args(args)
+            .env("BYOMD_KEY_STORE", "file")
+            .env("BYOMD_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run byomd")
+    }
+
+    /// Pairs with `token`; panics with byomd's message on failure.
+    pub fn pair(&self, token: &str, name: &str) {
+        let out = self.byomd(&["pair", token, "--name", name, "--key-store", "file"]);
+        assert!(
+            out.status.success(),
+            "pair failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "daemon already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut c = Command::new(bin("byomd"));
+        c.arg("--config-dir").arg(&self.config_dir).arg("run");
+        if let Some(s) = &self.server_override {
+            c.arg("--server").arg(s);
+        }
+        let child = c
+            .env("BYOMD_LOG", "info,byom_daemon=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start byomd");
+        self.child = Some(child);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill(&mut c, libc::SIGTERM);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Exit status if the daemon process ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok()?
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn identity(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.config_dir.join("identity.json")).unwrap())
+            .unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A flag that a background thread watches.
+#[derive(Clone, Default)]
+pub struct Flag(Arc<AtomicBool>);
+impl Flag {
+    pub fn set(&self, v: bool) {
+        self.0.store(v, Ordering::SeqCst)
+    }
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

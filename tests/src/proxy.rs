@@ -1,0 +1,81 @@
+//! A UDP relay between daemons and the server that a test can cut: while
+//! cut, every datagram in both directions is dropped, like a dead Wi-Fi or
+//! a laptop lid closing. Loopback only.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::Flag;
+
+pub struct UdpProxy {
+    pub addr: SocketAddr,
+    pub cut: Flag,
+    stop: Flag,
+}
+
+/// Most client addresses the relay tracks.
+const MAX_CLIENTS: usize = 64;
+
+impl UdpProxy {
+    pub fn start(upstream: SocketAddr) -> UdpProxy {
+        let front = UdpSocket::bind("127.0.0.1:0").expect("bind proxy");
+        front
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let addr = front.local_addr().unwrap();
+        let cut = Flag::default();
+        let stop = Flag::default();
+        let front = Arc::new(front);
+        let clients: Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>> = Arc::default();
+        {
+            let (cut, stop, front, clients) =
+                (cut.clone(), stop.clone(), front.clone(), clients.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                while !stop.get() {
+                    let Ok((n, from)) = front.recv_from(&mut buf) else {
+                        continue;
+                    };
+                    if cut.get() {
+                        continue;
+                    }
+                    let back = {
+                        let mut c = clients.lock().unwrap();
+                        if !c.contains_key(&from) && c.len() < MAX_CLIENTS {
+                            let s = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+                            s.set_read_timeout(Some(Duration::from_millis(100)))
+                                .unwrap();
+                            c.insert(from, s.clone());
+                            let (cut, stop, front) = (cut.clone(), stop.clone(), front.clone());
+                            let s2 = s.clone();
+                            std::thread::spawn(move || {
+                                let mut buf = vec![0u8; 65536];
+                                while !stop.get() {
+                                    let Ok((n, _)) = s2.recv_from(&mut buf) else {
+                                        continue;
+                                    };
+                                    if !cut.get() {
+                                        let _ = front.send_to(&buf[..n], from);
+                                    }
+                                }
+                            });
+                        }
+                        c.get(&from).cloned()
+                    };
+                    if let Some(s) = back {
+                        let _ = s.send_to(&buf[..n], upstream);
+                    }
+                }
+            });
+        }
+        UdpProxy { addr, cut, stop }
+    }
+}
+
+impl Drop for UdpProxy {
+    fn drop(&mut self) {
+        self.stop.set(true);
+    }
+}

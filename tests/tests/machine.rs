@@ -1,0 +1,525 @@
+//! End-to-end tests of the machine spine: real `byom server` and `byomd`
+//! processes on loopback, real sled stores in temp dirs, driven through the
+//! real CLI.
+
+use std::time::{Duration, Instant};
+
+use byom_tests::{proxy::UdpProxy, stderr, stdout, wait_for, Daemon, Server};
+
+const T: Duration = Duration::from_secs(30);
+
+fn setup(name: &str) -> (tempfile::TempDir, Server, Daemon) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), name);
+    d.start();
+    server.wait_online(name, true, T);
+    (dir, server, d)
+}
+
+#[test]
+fn exec_streams_output_exit_code_cwd_env_stdin() {
+    let (dir, server, _d) = setup("lap");
+    let out = server.byom(&[
+        "exec",
+        "lap",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 3",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(stdout(&out), "out\n");
+    assert_eq!(stderr(&out), "err\n");
+
+    let cwd = dir.path().to_str().unwrap();
+    let out = server.byom(&[
+        "exec",
+        "lap",
+        "--cwd",
+        cwd,
+        "--env",
+        "GREETING=hi there",
+        "--",
+        "sh",
+        "-c",
+        "pwd; echo \"$GREETING\"",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let canon = std::fs::canonicalize(cwd).unwrap();
+    assert_eq!(stdout(&out), format!("{}\nhi there\n", canon.display()));
+
+    let mut child = server
+        .byom_cmd(&["exec", "lap", "-i", "--", "wc", "-c"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&[b'x'; 1000])
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(stdout(&out).trim(), "1000");
+
+    let out = server.byom(&["exec", "lap", "--sh", "echo $((6*7)) | tr 4 X"]);
+    assert_eq!(stdout(&out), "X2\n");
+
+    // Nonexistent program and cwd fail clearly.
+    let out = server.byom(&["exec", "lap", "--", "no-such-program-xyz"]);
+    assert_eq!(out.status.code(), Some(255));
+    assert!(stderr(&out).contains("cannot start"), "{}", stderr(&out));
+    let out = server.byom(&["exec", "lap", "--cwd", "/no/such/dir", "--", "true"]);
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+
+    // Unknown machine: clear error.
+    let out = server.byom(&["exec", "nope", "--", "true"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("byom machines ls"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn timeout_and_cancel_kill_the_process_group() {
+    let (dir, server, _d) = setup("lap");
+    let marker = dir.path().join("survivor");
+    let m = marker.to_str().unwrap();
+    // A background child that would touch the marker if it survived.
+    let t = Instant::now();
+    let out = server.byom(&[
+        "exec",
+        "lap",
+        "--timeout",
+        "500ms",
+        "--sh",
+        &format!("(sleep 3; touch {m}) & sleep 30"),
+    ]);
+    assert_eq!(out.status.code(), Some(124), "{}", stderr(&out));
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(stderr(&out).contains("timed out"));
+
+    let id = server.detach(
+        "lap",
+        &[],
+        &["sh", "-c", &format!("(sleep 3; touch {m}) & sleep 30")],
+    );
+    wait_for("running", T, || {
+        (server.command(&id)["state"] == "running").then_some(())
+    });
+    let out = server.byom(&["commands", "cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let c = server.wait_done(&id, T);
+    assert_eq!(c["state"], "cancelled");
+
+    // Ctrl-C on `byom exec` cancels the remote command.
+    let mut child = server
+        .byom_cmd(&["exec", "lap", "--", "sleep", "30"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let list = wait_for("command running", T, || {
+        let v = server.json(&["commands", "ls", "--state", "running"]);
+        (v.as_array().map(|a| a.len()) == Some(1)).then_some(v)
+    });
+    let id = list[0]["id"].as_str().unwrap().to_string();
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(server.wait_done(&id, T)["state"], "cancelled");
+
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!marker.exists(), "a background child survived the kill");
+}
+
+#[test]
+fn output_limit_is_reported() {
+    let (_dir, server, _d) = setup("lap");
+    let out = server.byom(&["exec", "lap", "--", "head", "-c", "9000000", "/dev/zero"]);
+    assert!(out.status.success());
+    assert_eq!(
+        out.stdout.len() as u64,
+        byom_protocol::limits::MAX_COMMAND_OUTPUT_BYTES
+    );
+    assert!(stderr(&out).contains("truncated"), "{}", stderr(&out));
+}
+
+#[test]
+fn tokens_are_single_use_expire_and_revoke() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let token = server.token(&["--name", "one"]);
+    Daemon::new(dir.path(), "a").pair(&token, "a");
+    let out = Daemon::new(dir.path(), "b").byomd(&["pair", &token]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("already used"), "{}", stderr(&out));
+
+    let short = server.token(&["--ttl", "1s"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = Daemon::new(dir.path(), "c").byomd(&["pair", &short]);
+    assert!(stderr(&out).contains("expired"), "{}", stderr(&out));
+
+    let v = server.json(&["token", "create"]);
+    let (id, tok) = (
+        v["id"].as_str().unwrap().to_string(),
+        v["token"].as_str().unwrap().to_string(),
+    );
+    assert!(server.byom(&["token", "revoke", &id]).status.success());
+    let out = Daemon::new(dir.path(), "d").byomd(&["pair", &tok]);
+    assert!(stderr(&out).contains("revoked"), "{}", stderr(&out));
+
+    // Listed tokens never show the secret or its hash.
+    let all = server.byom(&["token", "ls", "--all", "--json"]);
+    assert!(!stdout(&all).contains(&tok[6..20]));
+    assert!(!stdout(&all).contains("secret"));
+}
+
+#[test]
+fn fifty_concurrent_redemptions_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let token = server.token(&[]);
+    let children: Vec<_> = (0..50)
+        .map(|i| {
+            std::process::Command::new(byom_tests::bin("byomd"))
+                .arg("--config-dir")
+                .arg(dir.path().join(format!("d{i}")))
+                .args([
+                    "pair",
+                    &token,
+                    "--key-store",
+                    "file",
+                    "--name",
+                    &format!("m{i}"),
+                ])
+                .env("BYOMD_LOG", "warn")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let results: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let wins = results.iter().filter(|o| o.status.success()).count();
+    assert_eq!(wins, 1, "exactly one redemption must win");
+    for o in results.iter().filter(|o| !o.status.success()) {
+        assert!(stderr(o).contains("already used"), "{}", stderr(o));
+    }
+    let machines = server.json(&["machines", "ls"]);
+    assert_eq!(machines.as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn foreign_ca_and_revoked_certificates_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start(&dir.path().join("a"));
+    let b = Server::start(&dir.path().join("b"));
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&a.token(&[]), "lap");
+
+    // Point the daemon at server B, trusting B's CA, still presenting the
+    // certificate A issued: B must refuse it.
+    let mut id = d.identity();
+    id["ca_pem"] = std::fs::read_to_string(b.creds().join("ca.pem"))
+        .unwrap()
+        .into();
+    std::fs::write(
+        d.config_dir.join("identity.json"),
+        serde_json::to_vec(&id).unwrap(),
+    )
+    .unwrap();
+    d.server_override = Some(b.quic_addr.to_string());
+    d.start();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(b.json(&["machines", "ls"]).as_array().unwrap().is_empty());
+    assert!(
+        d.log().contains("handshake failed") || d.log().contains("cannot connect"),
+        "{}",
+        d.log()
+    );
+    d.stop();
+
+    // Back to A with the right CA: works; then revoke: connection closed,
+    // daemon stops, certificate refused from then on.
+    let mut id = d.identity();
+    id["ca_pem"] = std::fs::read_to_string(a.creds().join("ca.pem"))
+        .unwrap()
+        .into();
+    std::fs::write(
+        d.config_dir.join("identity.json"),
+        serde_json::to_vec(&id).unwrap(),
+    )
+    .unwrap();
+    d.server_override = None;
+    d.start();
+    a.wait_online("lap", true, T);
+    let out = a.byom(&["exec", "lap", "--", "true"]);
+    assert!(out.status.success());
+    assert!(a.byom(&["machines", "revoke", "lap"]).status.success());
+    wait_for("daemon exit after revoke", T, || d.exited());
+    assert!(d.log().contains("revoked"), "{}", d.log());
+
+    // Even with the local revoked flag cleared, the server refuses it.
+    let mut id = d.identity();
+    id["revoked"] = false.into();
+    std::fs::write(
+        d.config_dir.join("identity.json"),
+        serde_json::to_vec(&id).unwrap(),
+    )
+    .unwrap();
+    let _ = d.exited();
+    d.kill9();
+    d.start();
+    wait_for("daemon refused again", T, || d.exited());
+    let m = a.machine(m_id(&a).as_str());
+    assert_eq!(m["revoked"], true);
+    assert_eq!(m["online"], false);
+}
+
+fn m_id(s: &Server) -> String {
+    s.json(&["machines", "ls", "--all"])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn revoke_kills_running_commands_within_a_second() {
+    let (dir, server, mut d) = setup("lap");
+    let marker = dir.path().join("still-running");
+    let m = marker.to_str().unwrap();
+    let id = server.detach(
+        "lap",
+        &[],
+        &[
+            "sh",
+            "-c",
+            &format!("while true; do touch {m}; sleep 0.05; done"),
+        ],
+    );
+    wait_for("running", T, || {
+        (server.command(&id)["state"] == "running").then_some(())
+    });
+    let t = Instant::now();
+    assert!(server.byom(&["machines", "revoke", "lap"]).status.success());
+    // Within one second the loop stops touching the file.
+    std::thread::sleep(Duration::from_millis(1000));
+    let before = std::fs::metadata(&marker).unwrap().modified().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let after = std::fs::metadata(&marker).unwrap().modified().unwrap();
+    assert_eq!(
+        before,
+        after,
+        "command still running {:?} after revoke",
+        t.elapsed()
+    );
+    assert_eq!(server.command(&id)["state"], "lost");
+    wait_for("daemon exit", T, || d.exited());
+    let out = server.byom(&["exec", "lap", "--", "true"]);
+    assert!(stderr(&out).contains("revoked"), "{}", stderr(&out));
+}
+
+#[test]
+fn daemon_restart_delivers_queue_and_marks_inflight_lost() {
+    let (dir, server, mut d) = setup("lap");
+    let runs = dir.path().join("runs");
+    let r = runs.to_str().unwrap();
+    let inflight = server.detach(
+        "lap",
+        &[],
+        &["sh", "-c", &format!("echo x >> {r}; sleep 30")],
+    );
+    wait_for("running", T, || {
+        (server.command(&inflight)["state"] == "running").then_some(())
+    });
+    d.kill9();
+    // kill -9 leaves the child running in its own group; clean it up.
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", &format!("echo x >> {r}")])
+        .status();
+    server.wait_online("lap", false, T);
+
+    let queued = server.detach("lap", &[], &["echo", "delivered"]);
+    assert_eq!(server.command(&queued)["state"], "queued");
+    let m = server.machine("lap");
+    assert_eq!(m["queued_commands"], 1);
+
+    d.start();
+    let c = server.wait_done(&queued, T);
+    assert_eq!(c["state"], "exited");
+    assert_eq!(c["stdout"], "delivered\n");
+    let c = server.wait_done(&inflight, T);
+    assert_eq!(c["state"], "lost");
+    assert!(c["reason"].as_str().unwrap().contains("restarted"), "{c}");
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap(),
+        "x\n",
+        "ran exactly once"
+    );
+}
+
+#[test]
+fn exec_waits_for_an_offline_machine() {
+    let (_dir, server, mut d) = setup("lap");
+    d.stop();
+    server.wait_online("lap", false, T);
+    let child = server
+        .byom_cmd(&["exec", "lap", "--", "echo", "hello"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    d.start();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "hello\n");
+    assert!(stderr(&out).contains("offline"), "{}", stderr(&out));
+}
+
+#[test]
+fn server_kill9_mid_command_loses_nothing_runs_nothing_twice() {
+    let (dir, mut server, _d) = setup("lap");
+    let runs = dir.path().join("runs");
+    let r = runs.to_str().unwrap();
+    let id = server.detach(
+        "lap",
+        &[],
+        &[
+            "sh",
+            "-c",
+            &format!("echo x >> {r}; for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 0.4; done"),
+        ],
+    );
+    let queued_for_later = {
+        wait_for("running", T, || {
+            (server.command(&id)["state"] == "running").then_some(())
+        });
+        server.detach("lap", &[], &["echo", "after"])
+    };
+    server.kill9();
+    std::thread::sleep(Duration::from_millis(500));
+    server.restart();
+    let c = server.wait_done(&id, T);
+    assert_eq!(c["state"], "exited", "{c}");
+    let expected: String = (1..=8).map(|i| format!("tick {i}\n")).collect();
+    assert_eq!(c["stdout"], expected);
+    assert_eq!(server.wait_done(&queued_for_later, T)["stdout"], "after\n");
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap(),
+        "x\n",
+        "ran exactly once"
+    );
+}
+
+#[test]
+fn network_cut_mid_command_delivers_result_after_reconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let proxy = UdpProxy::start(server.quic_addr);
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    d.server_override = Some(proxy.addr.to_string());
+    d.start();
+    server.wait_online("lap", true, T);
+    let runs = dir.path().join("runs");
+    let r = runs.to_str().unwrap();
+    let id = server.detach(
+        "lap",
+        &[],
+        &[
+            "sh",
+            "-c",
+            &format!("echo x >> {r}; echo before; sleep 4; echo after"),
+        ],
+    );
+    wait_for("running", T, || {
+        (server.command(&id)["state"] == "running").then_some(())
+    });
+    proxy.cut.set(true);
+    server.wait_online("lap", false, T);
+    std::thread::sleep(Duration::from_secs(4));
+    proxy.cut.set(false);
+    let c = server.wait_done(&id, Duration::from_secs(60));
+    assert_eq!(c["state"], "exited", "{c}");
+    assert_eq!(c["stdout"], "before\nafter\n");
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap(),
+        "x\n",
+        "ran exactly once"
+    );
+    assert!(
+        d.log().contains("heartbeat lost") || d.log().contains("disconnected"),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn expired_certificate_renews_with_the_same_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), &["--cert-ttl", "3s"]);
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    let key_before = std::fs::read(d.config_dir.join("key.pem")).unwrap();
+    let cert_before = d.identity()["cert_pem"].clone();
+    std::thread::sleep(Duration::from_secs(4));
+    d.start();
+    server.wait_online("lap", true, T);
+    assert!(server.byom(&["exec", "lap", "--", "true"]).status.success());
+    assert_ne!(d.identity()["cert_pem"], cert_before, "certificate renewed");
+    assert_eq!(
+        std::fs::read(d.config_dir.join("key.pem")).unwrap(),
+        key_before,
+        "same key"
+    );
+    // Renewal also happens in the background before expiry.
+    let c1 = d.identity()["cert_pem"].clone();
+    wait_for("background renewal", T, || {
+        (d.identity()["cert_pem"] != c1).then_some(())
+    });
+    assert_eq!(server.machine("lap")["online"], true);
+}
+
+#[test]
+fn status_unpair_and_listing() {
+    let (_dir, server, mut d) = setup("lap");
+    let st = d.byomd(&["status"]);
+    let s = stdout(&st);
+    assert!(s.contains("connected") && s.contains("0600 file"), "{s}");
+    assert!(server
+        .byom(&["machines", "rename", "lap", "desk"])
+        .status
+        .success());
+    assert!(server
+        .byom(&["machines", "label", "desk", "gpu=no", "team=infra"])
+        .status
+        .success());
+    let m = server.machine("desk");
+    assert_eq!(m["labels"]["team"], "infra");
+    let table = stdout(&server.byom(&["machines", "ls"]));
+    assert!(
+        table.contains("desk") && table.contains("online") && table.contains("team=infra"),
+        "{table}"
+    );
+    let id = m["id"].as_str().unwrap().to_string();
+    let shown = stdout(&server.byom(&["show", &id]));
+    assert!(shown.contains("desk"), "{shown}");
+    d.stop();
+    let out = d.byomd(&["unpair"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!d.config_dir.join("identity.json").exists());
+    assert!(!d.config_dir.join("key.pem").exists());
+    assert_eq!(server.json(&["machines", "show", &id])["revoked"], true);
+}
