@@ -631,14 +631,16 @@ impl Admin for Api {
                         }
                         for (off, data) in chunks {
                             offsets[i] = off + data.len() as u64;
+                            let mut at = off;
                             for piece in data.chunks(limits::MAX_OUTPUT_CHUNK_BYTES) {
                                 let ev = pb::CommandEvent {
                                     event: Some(pb::command_event::Event::Output(pb::Output {
                                         stream: stream as i32,
-                                        offset: 0,
+                                        offset: at,
                                         data: piece.to_vec(),
                                     })),
                                 };
+                                at += piece.len() as u64;
                                 if tx.send(Ok(ev)).await.is_err() {
                                     return;
                                 }
