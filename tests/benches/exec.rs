@@ -1,1 +1,182 @@
-fn main() {}
+//! Exec round-trip benchmark (run with `cargo bench -p byom-tests --bench exec`).
+//!
+//! In one run, on loopback, with a real `byom server` and `byomd`:
+//!  1. baseline: spawn `true` locally;
+//!  2. `true` through the admin API on an established connection
+//!     (CreateCommand + WatchCommand until the exit is stored);
+//!  3. `byom exec M -- true` end to end (a new CLI process each time);
+//!  4. `ssh -o ControlMaster=auto -o ControlPersist=60 localhost true`
+//!     against a local sshd (skipped if openssh-server is not installed).
+//! Prints p50/p99 and ratios; figures only mean something relative to each
+//! other in the same run.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use byom_protocol::pb;
+use byom_tests::{Daemon, Server};
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+struct Row {
+    name: String,
+    p50: Duration,
+    p99: Duration,
+    n: usize,
+}
+
+fn row(name: &str, mut v: Vec<Duration>) -> Row {
+    Row { name: name.into(), n: v.len(), p50: pct(&mut v, 0.5), p99: pct(&mut v, 0.99) }
+}
+
+fn sshd(dir: &Path) -> Option<(std::process::Child, Vec<String>)> {
+    let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"].into_iter().find(|p| Path::new(p).exists())?;
+    let key = dir.join("id");
+    let hostkey = dir.join("hostkey");
+    for (k, t) in [(&key, "ed25519"), (&hostkey, "ed25519")] {
+        Command::new("ssh-keygen").args(["-q", "-t", t, "-N", "", "-f"]).arg(k).status().ok()?;
+    }
+    std::fs::copy(dir.join("id.pub"), dir.join("authorized_keys")).ok()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let cfg = dir.join("sshd_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPasswordAuthentication no\nStrictModes no\nPidFile {}\nUsePAM no\n",
+            hostkey.display(),
+            dir.join("authorized_keys").display(),
+            dir.join("sshd.pid").display()
+        ),
+    )
+    .ok()?;
+    let _ = std::fs::create_dir_all("/run/sshd");
+    let child = Command::new(sshd).arg("-D").arg("-f").arg(&cfg).arg("-e").stderr(Stdio::null()).spawn().ok()?;
+    std::thread::sleep(Duration::from_millis(500));
+    let args = vec![
+        "-p".to_string(),
+        port.to_string(),
+        "-i".into(),
+        key.display().to_string(),
+        "-o".into(),
+        "StrictHostKeyChecking=no".into(),
+        "-o".into(),
+        format!("UserKnownHostsFile={}", dir.join("known_hosts").display()),
+        "-o".into(),
+        "ControlMaster=auto".into(),
+        "-o".into(),
+        format!("ControlPath={}", dir.join("cm-%r@%h:%p").display()),
+        "-o".into(),
+        "ControlPersist=60".into(),
+        "-o".into(),
+        "BatchMode=yes".into(),
+        "127.0.0.1".into(),
+        "true".into(),
+    ];
+    // Warm the control master.
+    let ok = Command::new("ssh").args(&args).stdin(Stdio::null()).status().ok()?.success();
+    if !ok {
+        return None;
+    }
+    Some((child, args))
+}
+
+fn main() {
+    let n: usize = std::env::var("BENCH_N").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    d.start();
+    server.wait_online("lap", true, Duration::from_secs(30));
+
+    let mut rows = Vec::new();
+    let local: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            let s = Command::new("true").status().unwrap();
+            assert!(s.success());
+            t.elapsed()
+        })
+        .collect();
+    rows.push(row("spawn `true` locally (baseline)", local));
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api: Vec<Duration> = rt.block_on(async {
+        let creds = byom_control_plane::client::load_creds(Some(&server.creds()), None).unwrap();
+        let mut c = byom_control_plane::client::connect(&creds).await.unwrap();
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n + 10 {
+            let t = Instant::now();
+            let cmd = c
+                .create_command(pb::CreateCommandRequest { machine: "lap".into(), argv: vec!["true".into()], ..Default::default() })
+                .await
+                .unwrap()
+                .into_inner()
+                .command
+                .unwrap();
+            let mut s = c.watch_command(pb::WatchCommandRequest { id: cmd.id, ..Default::default() }).await.unwrap().into_inner();
+            while let Some(ev) = s.message().await.unwrap() {
+                if let Some(pb::command_event::Event::State(st)) = ev.event {
+                    if st.state().is_terminal() {
+                        assert_eq!(st.state(), pb::CommandState::Exited);
+                        break;
+                    }
+                }
+            }
+            if i >= 10 {
+                v.push(t.elapsed()); // first 10 warm up
+            }
+        }
+        v
+    });
+    rows.push(row("`true` via the API, established connection", api));
+
+    let cli_n = (n / 3).max(10);
+    let cli: Vec<Duration> = (0..cli_n)
+        .map(|_| {
+            let t = Instant::now();
+            let out = server.byom(&["exec", "lap", "--", "true"]);
+            assert!(out.status.success());
+            t.elapsed()
+        })
+        .collect();
+    rows.push(row("`byom exec lap -- true` end to end", cli));
+
+    let ssh_dir = tempfile::tempdir().unwrap();
+    let ssh = sshd(ssh_dir.path());
+    if let Some((_, args)) = &ssh {
+        let v: Vec<Duration> = (0..cli_n)
+            .map(|_| {
+                let t = Instant::now();
+                let s = Command::new("ssh").args(args).stdin(Stdio::null()).status().unwrap();
+                assert!(s.success());
+                t.elapsed()
+            })
+            .collect();
+        rows.push(row("`ssh -o ControlMaster=auto localhost true`", v));
+    }
+
+    println!("\nexec round trip ({} build, loopback)", if cfg!(debug_assertions) { "DEBUG" } else { "release" });
+    println!("{:<48} {:>6} {:>12} {:>12} {:>10}", "", "n", "p50", "p99", "p50 ratio");
+    let base = rows[0].p50;
+    for r in &rows {
+        println!("{:<48} {:>6} {:>12} {:>12} {:>9.2}x", r.name, r.n, ms(r.p50), ms(r.p99), r.p50.as_secs_f64() / base.as_secs_f64());
+    }
+    if rows.len() == 4 {
+        println!("byom exec / ssh ControlMaster p50: {:.2}x", rows[2].p50.as_secs_f64() / rows[3].p50.as_secs_f64());
+    } else {
+        println!("ssh comparison skipped: install openssh-server (Debian) to run it");
+    }
+    if let Some((mut child, _)) = ssh {
+        let _ = child.kill();
+    }
+}
