@@ -253,7 +253,7 @@ impl Admin for Api {
         for (k, v) in &req.labels {
             valid_label(k, v)?;
         }
-        if !req.name.is_empty() && gateway::sanitize_name(&req.name) != req.name {
+        if !req.name.is_empty() && !gateway::valid_name(&req.name) {
             return Err(Status::invalid_argument(
                 "bad name: use lower-case letters, digits, '-', '_' or '.'",
             ));
@@ -341,9 +341,7 @@ impl Admin for Api {
     ) -> Result<Response<pb::MachineResponse>, Status> {
         let req = req.into_inner();
         let m = self.machine(&req.machine)?;
-        if gateway::sanitize_name(&req.name) != req.name
-            || byom_protocol::id::Kind::of(&req.name).is_some()
-        {
+        if !gateway::valid_name(&req.name) {
             return Err(Status::invalid_argument(
                 "bad name: use lower-case letters, digits, '-', '_' or '.' (and not an ID)",
             ));

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::pki::{hex, now_ms, sha256, Role};
 use crate::server::Shared;
-use crate::wire::{read_frame, write_frame, WireError};
+use byom_wire::{read_frame, write_frame, WireError};
 
 /// Time a new connection has to send its first frame.
 const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
@@ -165,11 +165,12 @@ async fn serve_pairing(shared: Arc<Shared>, conn: quinn::Connection) -> anyhow::
     Ok(())
 }
 
-fn valid_name(s: &str) -> bool {
+/// Names are lower-case ASCII words that cannot be mistaken for IDs.
+pub fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= limits::MAX_NAME_LEN
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && sanitize_name(s) == s
+        && byom_protocol::id::Kind::of(s).is_none()
 }
 
 /// Turns any hostname into a valid machine name.
@@ -217,10 +218,11 @@ async fn pair(
         Ok(Err(e)) => return Err(("token_rejected", e.to_string())),
         Err(e) => return Err(internal(&e)),
     };
-    let name = if valid_name(&req.name) {
-        req.name.clone()
-    } else if !tok.name.is_empty() && valid_name(&tok.name) {
+    // The admin's choice (the token's name) wins over the machine's.
+    let name = if valid_name(&tok.name) {
         tok.name.clone()
+    } else if valid_name(&sanitize_name(&req.name)) && !req.name.is_empty() {
+        sanitize_name(&req.name)
     } else {
         sanitize_name(&req.hostname)
     };
@@ -331,6 +333,12 @@ async fn serve_machine(
         m.instance_id = hello.instance_id.clone();
         m.remote_addr = conn.remote_address().to_string();
         m.offline_reason.clear();
+        for (k, v) in hello.labels.iter().take(limits::MAX_LABELS) {
+            let ok = |s: &str| s.len() <= limits::MAX_NAME_LEN && !s.chars().any(char::is_control);
+            if !k.is_empty() && ok(k) && ok(v) && m.labels.len() < limits::MAX_LABELS {
+                m.labels.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
         Ok(())
     })?;
     let previous = shared

@@ -18,25 +18,5 @@ pub mod pki;
 pub mod server;
 pub mod store;
 pub mod tls;
-pub mod wire;
 
-/// This host's name, for defaults.
-pub fn hostname() -> String {
-    #[cfg(unix)]
-    {
-        let mut buf = [0u8; 256];
-        // SAFETY: the buffer is valid for its length; gethostname writes a
-        // NUL-terminated name into it (truncated if longer).
-        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-        if rc == 0 {
-            let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-            let name = String::from_utf8_lossy(&buf[..end]).into_owned();
-            if !name.is_empty() {
-                return name;
-            }
-        }
-    }
-    std::env::var("COMPUTERNAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "localhost".into())
-}
+pub use byom_wire::hostname;

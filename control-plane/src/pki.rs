@@ -7,7 +7,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
@@ -15,6 +15,8 @@ use rcgen::{
     SanType, SerialNumber,
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+pub use byom_wire::{hex, now_ms, sha256, write_atomic};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
@@ -46,50 +48,11 @@ pub enum Role {
     Admin(String),
 }
 
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut out = [0u8; 32];
-    out.copy_from_slice(d.as_ref());
-    out
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn read(path: &Path) -> Result<String> {
     fs::read_to_string(path).map_err(|err| PkiError::Io {
         path: path.to_path_buf(),
         err,
     })
-}
-
-/// Writes a file atomically (temp file, fsync, rename) with the given mode.
-pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        path.file_name().and_then(|s| s.to_str()).unwrap_or("file"),
-        std::process::id()
-    ));
-    {
-        let mut opts = fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(mode);
-        }
-        #[cfg(not(unix))]
-        let _ = mode;
-        let mut f = opts.open(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    Ok(())
 }
 
 fn write(path: &Path, contents: &str, mode: u32) -> Result<()> {
@@ -316,13 +279,6 @@ fn fresh(pem: &str) -> bool {
         return false;
     };
     now_ms() + (REISSUE_BEFORE.as_millis() as u64) < info.not_after_ms
-}
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::exec::{Admission, Entry, Runner};
 use crate::identity::Identity;
-use crate::wire::{read_frame, write_frame};
+use byom_wire::{read_frame, write_frame};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection that lasted this long resets the backoff.
@@ -73,6 +73,8 @@ enum End {
 pub struct RunOptions {
     pub config_dir: PathBuf,
     pub server: Option<String>,
+    /// Labels reported in Hello.
+    pub labels: Vec<(String, String)>,
 }
 
 pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -93,7 +95,7 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
         set_status(&dir, "connecting", &server, "");
         let started = Instant::now();
         let end = tokio::select! {
-            r = session(&dir, &ident, &key, &server, &runner) => r,
+            r = session(&dir, &ident, &key, &server, &runner, &opts.labels) => r,
             _ = shutdown.cancelled() => {
                 set_status(&dir, "stopped", &server, "");
                 runner.cancel_all("byomd stopped");
@@ -210,6 +212,7 @@ async fn session(
     key: &str,
     server: &str,
     runner: &Arc<Runner>,
+    labels: &[(String, String)],
 ) -> anyhow::Result<End> {
     let addr = crate::pair::resolve(server).await?;
     let endpoint = crate::pair::client_endpoint(addr)?;
@@ -256,6 +259,7 @@ async fn session(
         running,
         held,
         max_concurrency: runner.max_concurrency as u32,
+        labels: labels.iter().cloned().collect(),
     };
     write_frame(
         &mut ctl_send,

@@ -9,6 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+pub use byom_wire::write_atomic;
+
 const IDENTITY_FILE: &str = "identity.json";
 const KEY_FILE: &str = "key.pem";
 const KEYRING_SERVICE: &str = "byomd";
@@ -61,37 +63,6 @@ pub fn default_config_dir() -> PathBuf {
         return PathBuf::from(h).join(".config/byomd");
     }
     PathBuf::from("byomd-config")
-}
-
-/// Writes a file atomically (temp file, fsync, rename) with the given mode.
-pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        path.file_name().and_then(|s| s.to_str()).unwrap_or("file"),
-        std::process::id()
-    ));
-    {
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(mode);
-        }
-        #[cfg(not(unix))]
-        let _ = mode;
-        let mut f = opts.open(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }
 
 impl Identity {

@@ -41,6 +41,10 @@ enum Cmd {
         /// Dial this HOST:PORT instead of the paired address.
         #[arg(long)]
         server: Option<String>,
+        /// Label to report for this machine (k=v, repeatable); labels an
+        /// admin set on the server win.
+        #[arg(long = "label", value_parser = parse_kv)]
+        labels: Vec<(String, String)>,
     },
     /// Show the identity, certificate, key store and connection state.
     Status {
@@ -104,7 +108,7 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             println!("start it with: byomd run{}", dir_flag(&dir));
             Ok(0)
         }
-        Cmd::Run { server } => {
+        Cmd::Run { server, labels } => {
             let shutdown = tokio_util::sync::CancellationToken::new();
             let s = shutdown.clone();
             rt.spawn(async move {
@@ -115,6 +119,7 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
                 byom_daemon::conn::RunOptions {
                     config_dir: dir,
                     server,
+                    labels,
                 },
                 shutdown,
             ))?;
@@ -239,4 +244,11 @@ async fn wait_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }

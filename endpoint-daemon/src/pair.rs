@@ -11,7 +11,7 @@ use byom_protocol::pb::{self, to_daemon, to_server, ToDaemon, ToServer};
 use byom_protocol::token::PairingToken;
 
 use crate::identity::{self, Identity, KeyStoreChoice};
-use crate::wire::{read_frame, write_frame};
+use byom_wire::{read_frame, write_frame};
 
 const PAIR_TIMEOUT: Duration = Duration::from_secs(15);
 

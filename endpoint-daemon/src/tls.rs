@@ -11,19 +11,10 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore};
 
+pub use byom_wire::{hex, sha256};
+
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut out = [0u8; 32];
-    out.copy_from_slice(d.as_ref());
-    out
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Verifies the server against a CA known only by its SHA-256.

@@ -35,18 +35,33 @@ struct Row {
 }
 
 fn row(name: &str, mut v: Vec<Duration>) -> Row {
-    Row { name: name.into(), n: v.len(), p50: pct(&mut v, 0.5), p99: pct(&mut v, 0.99) }
+    Row {
+        name: name.into(),
+        n: v.len(),
+        p50: pct(&mut v, 0.5),
+        p99: pct(&mut v, 0.99),
+    }
 }
 
 fn sshd(dir: &Path) -> Option<(std::process::Child, Vec<String>)> {
-    let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"].into_iter().find(|p| Path::new(p).exists())?;
+    let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())?;
     let key = dir.join("id");
     let hostkey = dir.join("hostkey");
     for (k, t) in [(&key, "ed25519"), (&hostkey, "ed25519")] {
-        Command::new("ssh-keygen").args(["-q", "-t", t, "-N", "", "-f"]).arg(k).status().ok()?;
+        Command::new("ssh-keygen")
+            .args(["-q", "-t", t, "-N", "", "-f"])
+            .arg(k)
+            .status()
+            .ok()?;
     }
     std::fs::copy(dir.join("id.pub"), dir.join("authorized_keys")).ok()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
     let cfg = dir.join("sshd_config");
     std::fs::write(
         &cfg,
@@ -59,7 +74,14 @@ fn sshd(dir: &Path) -> Option<(std::process::Child, Vec<String>)> {
     )
     .ok()?;
     let _ = std::fs::create_dir_all("/run/sshd");
-    let child = Command::new(sshd).arg("-D").arg("-f").arg(&cfg).arg("-e").stderr(Stdio::null()).spawn().ok()?;
+    let child = Command::new(sshd)
+        .arg("-D")
+        .arg("-f")
+        .arg(&cfg)
+        .arg("-e")
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
     std::thread::sleep(Duration::from_millis(500));
     let args = vec![
         "-p".to_string(),
@@ -82,7 +104,12 @@ fn sshd(dir: &Path) -> Option<(std::process::Child, Vec<String>)> {
         "true".into(),
     ];
     // Warm the control master.
-    let ok = Command::new("ssh").args(&args).stdin(Stdio::null()).status().ok()?.success();
+    let ok = Command::new("ssh")
+        .args(&args)
+        .stdin(Stdio::null())
+        .status()
+        .ok()?
+        .success();
     if !ok {
         return None;
     }
@@ -90,7 +117,10 @@ fn sshd(dir: &Path) -> Option<(std::process::Child, Vec<String>)> {
 }
 
 fn main() {
-    let n: usize = std::env::var("BENCH_N").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let n: usize = std::env::var("BENCH_N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     let mut d = Daemon::new(dir.path(), "daemon");
@@ -117,13 +147,24 @@ fn main() {
         for i in 0..n + 10 {
             let t = Instant::now();
             let cmd = c
-                .create_command(pb::CreateCommandRequest { machine: "lap".into(), argv: vec!["true".into()], ..Default::default() })
+                .create_command(pb::CreateCommandRequest {
+                    machine: "lap".into(),
+                    argv: vec!["true".into()],
+                    ..Default::default()
+                })
                 .await
                 .unwrap()
                 .into_inner()
                 .command
                 .unwrap();
-            let mut s = c.watch_command(pb::WatchCommandRequest { id: cmd.id, ..Default::default() }).await.unwrap().into_inner();
+            let mut s = c
+                .watch_command(pb::WatchCommandRequest {
+                    id: cmd.id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
             while let Some(ev) = s.message().await.unwrap() {
                 if let Some(pb::command_event::Event::State(st)) = ev.event {
                     if st.state().is_terminal() {
@@ -157,7 +198,11 @@ fn main() {
         let v: Vec<Duration> = (0..cli_n)
             .map(|_| {
                 let t = Instant::now();
-                let s = Command::new("ssh").args(args).stdin(Stdio::null()).status().unwrap();
+                let s = Command::new("ssh")
+                    .args(args)
+                    .stdin(Stdio::null())
+                    .status()
+                    .unwrap();
                 assert!(s.success());
                 t.elapsed()
             })
@@ -165,14 +210,34 @@ fn main() {
         rows.push(row("`ssh -o ControlMaster=auto localhost true`", v));
     }
 
-    println!("\nexec round trip ({} build, loopback)", if cfg!(debug_assertions) { "DEBUG" } else { "release" });
-    println!("{:<48} {:>6} {:>12} {:>12} {:>10}", "", "n", "p50", "p99", "p50 ratio");
+    println!(
+        "\nexec round trip ({} build, loopback)",
+        if cfg!(debug_assertions) {
+            "DEBUG"
+        } else {
+            "release"
+        }
+    );
+    println!(
+        "{:<48} {:>6} {:>12} {:>12} {:>10}",
+        "", "n", "p50", "p99", "p50 ratio"
+    );
     let base = rows[0].p50;
     for r in &rows {
-        println!("{:<48} {:>6} {:>12} {:>12} {:>9.2}x", r.name, r.n, ms(r.p50), ms(r.p99), r.p50.as_secs_f64() / base.as_secs_f64());
+        println!(
+            "{:<48} {:>6} {:>12} {:>12} {:>9.2}x",
+            r.name,
+            r.n,
+            ms(r.p50),
+            ms(r.p99),
+            r.p50.as_secs_f64() / base.as_secs_f64()
+        );
     }
     if rows.len() == 4 {
-        println!("byom exec / ssh ControlMaster p50: {:.2}x", rows[2].p50.as_secs_f64() / rows[3].p50.as_secs_f64());
+        println!(
+            "byom exec / ssh ControlMaster p50: {:.2}x",
+            rows[2].p50.as_secs_f64() / rows[3].p50.as_secs_f64()
+        );
     } else {
         println!("ssh comparison skipped: install openssh-server (Debian) to run it");
     }

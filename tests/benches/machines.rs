@@ -27,7 +27,10 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
 
 const CONCURRENCY: usize = 64;
@@ -38,7 +41,10 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     let pid = server.pid().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let creds = byom_control_plane::client::load_creds(Some(&server.creds()), None).unwrap();
         let client = byom_control_plane::client::connect(&creds).await.unwrap();
@@ -55,10 +61,20 @@ fn main() {
             let d = dir.path().join(format!("m{i}"));
             tasks.push(tokio::spawn(async move {
                 let _p = sem.acquire().await.unwrap();
-                let tok = c.create_token(pb::CreateTokenRequest::default()).await.unwrap().into_inner().secret;
+                let tok = c
+                    .create_token(pb::CreateTokenRequest::default())
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .secret;
                 byom_daemon::pair::pair(
                     &d,
-                    byom_daemon::pair::PairOptions { token: tok, name: Some(format!("m{i}")), server: None, key_store: byom_daemon::identity::KeyStoreChoice::File },
+                    byom_daemon::pair::PairOptions {
+                        token: tok,
+                        name: Some(format!("m{i}")),
+                        server: None,
+                        key_store: byom_daemon::identity::KeyStoreChoice::File,
+                    },
                 )
                 .await
                 .unwrap();
@@ -78,17 +94,33 @@ fn main() {
         for d in dirs {
             let s = shutdown.clone();
             tokio::spawn(async move {
-                let _ = byom_daemon::conn::run(byom_daemon::conn::RunOptions { config_dir: d, server: None }, s).await;
+                let _ = byom_daemon::conn::run(
+                    byom_daemon::conn::RunOptions {
+                        config_dir: d,
+                        server: None,
+                        labels: vec![],
+                    },
+                    s,
+                )
+                .await;
             });
         }
         let mut c = client.clone();
         loop {
-            let ms = c.list_machines(pb::ListMachinesRequest::default()).await.unwrap().into_inner().machines;
+            let ms = c
+                .list_machines(pb::ListMachinesRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .machines;
             let online = ms.iter().filter(|m| m.online).count();
             if online == n {
                 break;
             }
-            assert!(t.elapsed() < Duration::from_secs(300), "only {online}/{n} online");
+            assert!(
+                t.elapsed() < Duration::from_secs(300),
+                "only {online}/{n} online"
+            );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let connect_time = t.elapsed();
@@ -120,13 +152,24 @@ fn main() {
             tasks.push(tokio::spawn(async move {
                 let _p = sem.acquire().await.unwrap();
                 let cmd = c
-                    .create_command(pb::CreateCommandRequest { machine: format!("m{}", i % n), argv: vec!["true".into()], ..Default::default() })
+                    .create_command(pb::CreateCommandRequest {
+                        machine: format!("m{}", i % n),
+                        argv: vec!["true".into()],
+                        ..Default::default()
+                    })
                     .await
                     .unwrap()
                     .into_inner()
                     .command
                     .unwrap();
-                let mut s = c.watch_command(pb::WatchCommandRequest { id: cmd.id, ..Default::default() }).await.unwrap().into_inner();
+                let mut s = c
+                    .watch_command(pb::WatchCommandRequest {
+                        id: cmd.id,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
                 while let Some(ev) = s.message().await.unwrap() {
                     if let Some(pb::command_event::Event::State(st)) = ev.event {
                         if st.state().is_terminal() {
@@ -144,15 +187,41 @@ fn main() {
         let rss2 = rss_kib(pid);
         shutdown.cancel();
 
-        println!("\nmany machines ({} build, loopback, one process of simulated daemons)", if cfg!(debug_assertions) { "DEBUG" } else { "release" });
+        println!(
+            "\nmany machines ({} build, loopback, one process of simulated daemons)",
+            if cfg!(debug_assertions) {
+                "DEBUG"
+            } else {
+                "release"
+            }
+        );
         println!("machines:                         {n}");
-        println!("pairing:                          {:.1} s ({:.0} pairings/s)", pair_time.as_secs_f64(), n as f64 / pair_time.as_secs_f64());
-        println!("all online after:                 {:.1} s", connect_time.as_secs_f64());
-        println!("server RSS idle / paired / connected / after commands: {} / {} / {} / {} MiB", rss0 / 1024, rss_paired / 1024, rss1 / 1024, rss2 / 1024);
-        println!("server memory per idle connection: {:.1} KiB", (rss1.saturating_sub(rss_paired)) as f64 / n as f64);
+        println!(
+            "pairing:                          {:.1} s ({:.0} pairings/s)",
+            pair_time.as_secs_f64(),
+            n as f64 / pair_time.as_secs_f64()
+        );
+        println!(
+            "all online after:                 {:.1} s",
+            connect_time.as_secs_f64()
+        );
+        println!(
+            "server RSS idle / paired / connected / after commands: {} / {} / {} / {} MiB",
+            rss0 / 1024,
+            rss_paired / 1024,
+            rss1 / 1024,
+            rss2 / 1024
+        );
+        println!(
+            "server memory per idle connection: {:.1} KiB",
+            (rss1.saturating_sub(rss_paired)) as f64 / n as f64
+        );
         println!("commands (true, concurrency {CONCURRENCY}): {m}");
         println!("  local spawn baseline:           {local:.0} commands/s");
-        println!("  through byom (API → QUIC → daemon → store): {byom:.0} commands/s ({:.2}x of local)", byom / local);
+        println!(
+            "  through byom (API → QUIC → daemon → store): {byom:.0} commands/s ({:.2}x of local)",
+            byom / local
+        );
         drop(server);
     });
 }

@@ -256,6 +256,7 @@ pub struct Daemon {
     pub config_dir: PathBuf,
     log: PathBuf,
     pub server_override: Option<String>,
+    pub run_args: Vec<String>,
 }
 
 impl Daemon {
@@ -265,6 +266,7 @@ impl Daemon {
             config_dir: dir.join(name),
             log: dir.join(format!("{name}.log")),
             server_override: None,
+            run_args: Vec::new(),
         }
     }
 
@@ -302,6 +304,7 @@ impl Daemon {
         if let Some(s) = &self.server_override {
             c.arg("--server").arg(s);
         }
+        c.args(&self.run_args);
         let child = c
             .env("BYOMD_LOG", "info,byom_daemon=debug")
             .stdin(Stdio::null())

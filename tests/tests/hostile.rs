@@ -10,7 +10,9 @@ use byom_tests::{Daemon, Server};
 const T: Duration = Duration::from_secs(30);
 
 fn ca_pin(server: &Server) -> [u8; 32] {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(server.data_dir.join("server.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(server.data_dir.join("server.json")).unwrap())
+            .unwrap();
     let hex = v["ca_sha256"].as_str().unwrap();
     let mut pin = [0u8; 32];
     for (i, b) in pin.iter_mut().enumerate() {
@@ -22,11 +24,17 @@ fn ca_pin(server: &Server) -> [u8; 32] {
 async fn raw_stream(server: &Server, bytes: &[u8]) -> Result<Vec<u8>, String> {
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let cfg = byom_daemon::tls::pairing_config(ca_pin(server)).unwrap();
-    let conn = ep.connect_with(cfg, server.quic_addr, byom_protocol::SERVER_NAME).unwrap().await.map_err(|e| e.to_string())?;
+    let conn = ep
+        .connect_with(cfg, server.quic_addr, byom_protocol::SERVER_NAME)
+        .unwrap()
+        .await
+        .map_err(|e| e.to_string())?;
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
     send.write_all(bytes).await.map_err(|e| e.to_string())?;
     let _ = send.finish();
-    let r = tokio::time::timeout(Duration::from_secs(15), recv.read_to_end(1 << 20)).await.map_err(|_| "timeout".to_string())?;
+    let r = tokio::time::timeout(Duration::from_secs(15), recv.read_to_end(1 << 20))
+        .await
+        .map_err(|_| "timeout".to_string())?;
     conn.close(0u32.into(), b"");
     r.map_err(|e| e.to_string())
 }
@@ -53,8 +61,14 @@ async fn malformed_and_oversized_frames_do_not_hurt_the_server() {
     assert!(r.map(|b| b.is_empty()).unwrap_or(true));
 
     // A well-formed frame that is not a pairing request: a clear error.
-    let hello = byom_protocol::pb::ToServer { msg: Some(byom_protocol::pb::to_server::Msg::Ping(byom_protocol::pb::Ping { seq: 1 })) };
-    let r = raw_stream(&server, &byom_protocol::frame::encode(&hello).unwrap()).await.unwrap();
+    let hello = byom_protocol::pb::ToServer {
+        msg: Some(byom_protocol::pb::to_server::Msg::Ping(
+            byom_protocol::pb::Ping { seq: 1 },
+        )),
+    };
+    let r = raw_stream(&server, &byom_protocol::frame::encode(&hello).unwrap())
+        .await
+        .unwrap();
     match decode(&r).and_then(|f| f.msg) {
         Some(to_daemon::Msg::Error(e)) => assert_eq!(e.code, "unauthenticated"),
         other => panic!("expected an error frame, got {other:?}"),
@@ -62,10 +76,21 @@ async fn malformed_and_oversized_frames_do_not_hurt_the_server() {
 
     // A pairing request with a bogus token and CSR.
     let pair = byom_protocol::pb::ToServer {
-        msg: Some(byom_protocol::pb::to_server::Msg::Pair(byom_protocol::pb::PairRequest { token: "byom1-AAAA".into(), csr_pem: "nope".into(), ..Default::default() })),
+        msg: Some(byom_protocol::pb::to_server::Msg::Pair(
+            byom_protocol::pb::PairRequest {
+                token: "byom1-AAAA".into(),
+                csr_pem: "nope".into(),
+                ..Default::default()
+            },
+        )),
     };
-    let r = raw_stream(&server, &byom_protocol::frame::encode(&pair).unwrap()).await.unwrap();
-    assert!(matches!(decode(&r).and_then(|f| f.msg), Some(to_daemon::Msg::Error(_))));
+    let r = raw_stream(&server, &byom_protocol::frame::encode(&pair).unwrap())
+        .await
+        .unwrap();
+    assert!(matches!(
+        decode(&r).and_then(|f| f.msg),
+        Some(to_daemon::Msg::Error(_))
+    ));
 
     // Truncated frame: the stream ends mid-frame.
     let mut trunc = byom_protocol::frame::encode(&pair).unwrap();
@@ -95,6 +120,13 @@ async fn api_refuses_clients_without_an_admin_certificate() {
     std::fs::write(creds.join("admin.pem"), id["cert_pem"].as_str().unwrap()).unwrap();
     std::fs::copy(d.config_dir.join("key.pem"), creds.join("admin.key")).unwrap();
     std::fs::copy(server.creds().join("api.json"), creds.join("api.json")).unwrap();
-    let out = std::process::Command::new(byom_tests::bin("byom")).args(["machines", "ls"]).env("BYOM_CREDS", &creds).output().unwrap();
-    assert!(!out.status.success(), "a machine certificate reached the admin API");
+    let out = std::process::Command::new(byom_tests::bin("byom"))
+        .args(["machines", "ls"])
+        .env("BYOM_CREDS", &creds)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a machine certificate reached the admin API"
+    );
 }

@@ -494,7 +494,21 @@ fn expired_certificate_renews_with_the_same_key() {
 
 #[test]
 fn status_unpair_and_listing() {
-    let (_dir, server, mut d) = setup("lap");
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&["--label", "team=web"]), "lap");
+    d.run_args = vec![
+        "--label".into(),
+        "loc=home".into(),
+        "--label".into(),
+        "team=mine".into(),
+    ];
+    d.start();
+    server.wait_online("lap", true, T);
+    let m = server.machine("lap");
+    assert_eq!(m["labels"]["loc"], "home", "{m}");
+    assert_eq!(m["labels"]["team"], "web", "admin labels win: {m}");
     let st = d.byomd(&["status"]);
     let s = stdout(&st);
     assert!(s.contains("connected") && s.contains("0600 file"), "{s}");
