@@ -7,7 +7,7 @@
 //! gets the ResultAck that lets it forget the result. A command dispatched to
 //! a daemon process that has since restarted becomes `lost`, never re-run.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +19,7 @@ use byom_protocol::{close, limits};
 use tokio::sync::mpsc;
 
 use crate::pki::{hex, now_ms, sha256, Role};
+use crate::reconcile::Action;
 use crate::server::Shared;
 use byom_wire::{read_frame, write_frame, WireError};
 
@@ -582,12 +583,6 @@ pub async fn revoke_machine(
 /// After Hello: re-attach to commands the daemon still has, mark lost those
 /// a restarted daemon can no longer have, and dispatch the queue.
 async fn reconcile(shared: &Arc<Shared>, live: &Arc<LiveMachine>, hello: &pb::Hello) {
-    let known: HashSet<&str> = hello
-        .running
-        .iter()
-        .chain(hello.held.iter())
-        .map(String::as_str)
-        .collect();
     let pending = match shared.store.pending_commands(&live.machine_id) {
         Ok(p) => p,
         Err(e) => {
@@ -597,34 +592,29 @@ async fn reconcile(shared: &Arc<Shared>, live: &Arc<LiveMachine>, hello: &pb::He
     };
     let now = now_ms();
     let mut changed = false;
-    for c in pending {
-        match c.state() {
-            CommandState::Dispatched | CommandState::Running => {
-                if known.contains(c.id.as_str()) {
-                    spawn_drive(shared, live, c, Mode::Attach);
-                } else if c.instance_id == live.instance_id {
-                    // Same daemon process, which never saw the ExecRequest:
-                    // it was lost in flight, and the daemon refuses repeats,
-                    // so sending it again cannot run it twice.
-                    spawn_drive(shared, live, c, Mode::Exec);
-                } else {
-                    let r = shared.store.transition(
-                        &c.id,
-                        &[CommandState::Dispatched, CommandState::Running],
-                        CommandState::Lost,
-                        |c| {
-                            c.reason = "the daemon restarted while the command was dispatched or running; it was not run again".into();
-                            c.finished_at_ms = now;
-                        },
-                    );
-                    if let Err(e) = r {
-                        tracing::warn!(cmd = %c.id, "cannot mark lost: {e}");
-                    }
-                    changed = true;
-                    shared.notify(&c.id);
+    for (id, action) in crate::reconcile::plan(&pending, hello) {
+        let Some(c) = pending.iter().find(|c| c.id == id) else {
+            continue;
+        };
+        match action {
+            Action::Attach => spawn_drive(shared, live, c.clone(), Mode::Attach),
+            Action::Resend => spawn_drive(shared, live, c.clone(), Mode::Exec),
+            Action::Lost => {
+                let r = shared.store.transition(
+                    &id,
+                    &[CommandState::Dispatched, CommandState::Running],
+                    CommandState::Lost,
+                    |c| {
+                        c.reason = crate::reconcile::LOST_REASON.into();
+                        c.finished_at_ms = now;
+                    },
+                );
+                if let Err(e) = r {
+                    tracing::warn!(cmd = %id, "cannot mark lost: {e}");
                 }
+                changed = true;
+                shared.notify(&id);
             }
-            _ => {}
         }
     }
     if changed {
