@@ -77,8 +77,38 @@ pub struct RunOptions {
     pub labels: Vec<(String, String)>,
 }
 
+/// Holds an exclusive lock on `<config-dir>/run.lock` while `byomd run`
+/// lives: two daemons with one identity would keep replacing each other's
+/// connection.
+struct RunLock(#[allow(dead_code)] std::fs::File);
+
+fn lock_config_dir(dir: &Path) -> anyhow::Result<RunLock> {
+    let path = dir.join("run.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a file descriptor we own; released when it closes.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            bail!(
+                "another `byomd run` is already using {}; stop it first (or use another --config-dir)",
+                dir.display()
+            );
+        }
+    }
+    Ok(RunLock(f))
+}
+
 pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     let dir = opts.config_dir;
+    Identity::load(&dir)?;
+    let _lock = lock_config_dir(&dir)?;
     let runner = Arc::new(Runner::new());
     let mut backoff = limits::RECONNECT_BACKOFF_MIN;
     tracing::info!(instance = %runner.instance_id, "byomd starting");

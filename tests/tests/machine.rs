@@ -509,6 +509,9 @@ fn status_unpair_and_listing() {
     let m = server.machine("lap");
     assert_eq!(m["labels"]["loc"], "home", "{m}");
     assert_eq!(m["labels"]["team"], "web", "admin labels win: {m}");
+    let second = d.byomd(&["run"]);
+    assert!(!second.status.success());
+    assert!(stderr(&second).contains("already"), "{}", stderr(&second));
     let st = d.byomd(&["status"]);
     let s = stdout(&st);
     assert!(s.contains("connected") && s.contains("0600 file"), "{s}");
