@@ -540,3 +540,56 @@ fn status_unpair_and_listing() {
     assert!(!d.config_dir.join("key.pem").exists());
     assert_eq!(server.json(&["machines", "show", &id])["revoked"], true);
 }
+
+/// Kill -9 the server at arbitrary points while commands flow: every
+/// acknowledged command runs exactly once, none more than once.
+#[test]
+fn server_crash_loop_runs_each_command_at_most_once() {
+    let (dir, mut server, _d) = setup("lap");
+    let runs = dir.path().join("runs");
+    let r = runs.to_str().unwrap().to_string();
+    let mut acked = Vec::new();
+    let mut ids = Vec::new();
+    let mut marker = 0;
+    for round in 0..4u64 {
+        for _ in 0..4 {
+            marker += 1;
+            let out = server.byom(&[
+                "exec",
+                "lap",
+                "--detach",
+                "--",
+                "sh",
+                "-c",
+                &format!("echo m{marker} >> {r}; sleep 0.2"),
+            ]);
+            if out.status.success() {
+                acked.push(format!("m{marker}"));
+                ids.push(stdout(&out).trim().to_string());
+            }
+        }
+        // Crash at a different point in the flow each round.
+        std::thread::sleep(Duration::from_millis(37 * round));
+        server.kill9();
+        server.restart();
+    }
+    for id in &ids {
+        let c = server.wait_done(id, Duration::from_secs(60));
+        assert_eq!(c["state"], "exited", "{c}");
+    }
+    let lines = std::fs::read_to_string(&runs).unwrap();
+    let mut seen = std::collections::HashMap::new();
+    for l in lines.lines() {
+        *seen.entry(l.to_string()).or_insert(0) += 1;
+    }
+    for (m, n) in &seen {
+        assert_eq!(*n, 1, "{m} ran {n} times");
+    }
+    for m in &acked {
+        assert_eq!(
+            seen.get(m),
+            Some(&1),
+            "{m} was acknowledged but did not run exactly once"
+        );
+    }
+}
