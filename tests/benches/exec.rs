@@ -7,6 +7,7 @@
 //!  3. `byom exec M -- true` end to end (a new CLI process each time);
 //!  4. `ssh -o ControlMaster=auto -o ControlPersist=60 localhost true`
 //!     against a local sshd (skipped if openssh-server is not installed).
+//!
 //! Prints p50/p99 and ratios; figures only mean something relative to each
 //! other in the same run.
 

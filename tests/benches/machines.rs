@@ -8,6 +8,7 @@
 //!    through the API with bounded concurrency), against a baseline measured
 //!    in the same run: the same number of local `true` spawns with the same
 //!    concurrency.
+//!
 //! N = BENCH_MACHINES (default 1000), commands = BENCH_COMMANDS (default 2000).
 
 use std::sync::Arc;
