@@ -1,0 +1,1011 @@
+//! One JavaScript context in one wasm instance, and the host side of the
+//! bridge: capability calls, console output, the wall clock, limits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use serde_json::Value;
+use wasmtime::{Caller, Linker, Memory, Store, StoreLimits, StoreLimitsBuilder, TypedFunc};
+
+use crate::engine::Engine;
+use crate::snapshot::{SavedCall, Snapshot, SnapshotBody};
+
+/// Every limit of an interpreter, each with its own [`ErrorKind`].
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// JS heap (QuickJS's allocator limit); linear memory may be a few MiB
+    /// more for the stack and static data. → `OutOfMemory`
+    pub memory_bytes: usize,
+    /// wasmtime fuel per eval (roughly one unit per wasm instruction). → `OutOfFuel`
+    pub cpu_fuel: u64,
+    /// Wall clock per eval or resume, including time waiting on host calls. → `Timeout`
+    pub wall_clock: Duration,
+    /// console output per eval. → `OutputLimit`
+    pub max_output_bytes: usize,
+    /// JSON of the final value. → `ResultLimit`
+    pub max_result_bytes: usize,
+    /// QuickJS's own stack limit (inactive under WASI: deep recursion
+    /// traps on wasmtime's native stack limit first). → `StackOverflow`
+    pub js_stack_bytes: usize,
+    /// Capability calls waiting at once, all capabilities together. → `CapabilityLimit`
+    pub max_pending_calls: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 64 << 20,
+            cpu_fuel: 10_000_000_000,
+            wall_clock: Duration::from_secs(5),
+            max_output_bytes: 1 << 20,
+            max_result_bytes: 1 << 20,
+            js_stack_bytes: 256 << 10,
+            max_pending_calls: 1024,
+        }
+    }
+}
+
+/// Extra linear memory beyond the JS heap: the 4 MiB guest stack and the
+/// module's static data.
+const MEMORY_OVERHEAD: usize = 8 << 20;
+/// Guest stack the module was linked with (`-z stack-size`).
+const GUEST_STACK: u32 = 4 << 20;
+
+/// Why an eval failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ErrorKind {
+    Timeout,
+    OutOfMemory,
+    OutOfFuel,
+    StackOverflow,
+    OutputLimit,
+    ResultLimit,
+    SyntaxError,
+    Exception,
+    CapabilityLimit,
+    BadSnapshot,
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "Timeout",
+            ErrorKind::OutOfMemory => "OutOfMemory",
+            ErrorKind::OutOfFuel => "OutOfFuel",
+            ErrorKind::StackOverflow => "StackOverflow",
+            ErrorKind::OutputLimit => "OutputLimit",
+            ErrorKind::ResultLimit => "ResultLimit",
+            ErrorKind::SyntaxError => "SyntaxError",
+            ErrorKind::Exception => "Exception",
+            ErrorKind::CapabilityLimit => "CapabilityLimit",
+            ErrorKind::BadSnapshot => "BadSnapshot",
+            ErrorKind::Internal => "Internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug)]
+pub enum Outcome {
+    /// The script finished; its value as JSON (`null` for undefined).
+    Done(Value),
+    /// The script awaits a durable capability; resume it with the snapshot.
+    Paused(Snapshot),
+    Error(ErrorKind, String),
+}
+
+/// A host function: JSON in, JSON out; an `Err` reaches JS as a catchable
+/// Error with that message, so keep it safe to show.
+pub type CapabilityFn =
+    Arc<dyn Fn(Value) -> BoxFuture<'static, Result<Value, String>> + Send + Sync>;
+
+/// A function scripts can call as `await namespace.name(args)`.
+#[derive(Clone)]
+pub struct Capability {
+    pub namespace: String,
+    pub name: String,
+    /// JSON Schema (subset, see [`crate::validate`]) for the argument.
+    pub schema: Value,
+    /// Calls running at once; more wait their turn (throttled, not refused).
+    pub max_concurrent: usize,
+    /// Calls per eval (resumes included); one more ends the eval with
+    /// `CapabilityLimit`.
+    pub max_calls: usize,
+    /// A call pauses the interpreter durably; the embedder settles it later
+    /// with [`Interpreter::resume`]. Durable capabilities have no handler.
+    pub durable: bool,
+    pub handler: Option<CapabilityFn>,
+}
+
+impl Capability {
+    pub fn new(namespace: &str, name: &str, handler: CapabilityFn) -> Self {
+        Capability {
+            namespace: namespace.into(),
+            name: name.into(),
+            schema: Value::Bool(true),
+            max_concurrent: 8,
+            max_calls: 1000,
+            durable: false,
+            handler: Some(handler),
+        }
+    }
+
+    pub fn durable(namespace: &str, name: &str) -> Self {
+        Capability {
+            namespace: namespace.into(),
+            name: name.into(),
+            schema: Value::Bool(true),
+            max_concurrent: 1024,
+            max_calls: 100,
+            durable: true,
+            handler: None,
+        }
+    }
+
+    pub fn with_schema(mut self, schema: Value) -> Self {
+        self.schema = schema;
+        self
+    }
+
+    pub fn with_policy(mut self, max_concurrent: usize, max_calls: usize) -> Self {
+        self.max_concurrent = max_concurrent.max(1);
+        self.max_calls = max_calls;
+        self
+    }
+
+    pub fn full_name(&self) -> String {
+        format!("{}.{}", self.namespace, self.name)
+    }
+}
+
+/// A durable call waiting for its answer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PendingCall {
+    pub id: u32,
+    pub capability: String,
+    pub args: Value,
+}
+
+struct CallRec {
+    id: u32,
+    cap: usize,
+    args: Value,
+    started: bool,
+    /// Settled by the host before it started (schema violation).
+    immediate: Option<Result<Value, String>>,
+}
+
+/// The wasmtime store's data: everything the host functions touch.
+pub(crate) struct Host {
+    pub(crate) store_limits: StoreLimits,
+    caps: Arc<Vec<Capability>>,
+    calls: Vec<CallRec>,
+    next_id: u32,
+    calls_made: HashMap<usize, usize>,
+    max_pending: usize,
+    logs: Vec<String>,
+    log_bytes: usize,
+    max_output: usize,
+    deadline: Option<Instant>,
+    stop: Option<(ErrorKind, String)>,
+    clock_us: u64,
+}
+
+impl Host {
+    pub(crate) fn new(limits: &Limits) -> Host {
+        Host {
+            store_limits: StoreLimitsBuilder::new()
+                .memory_size(
+                    limits
+                        .memory_bytes
+                        .saturating_add(MEMORY_OVERHEAD)
+                        .min(crate::engine::MAX_MEMORY_BYTES),
+                )
+                .instances(1)
+                .tables(1)
+                .memories(1)
+                .build(),
+            caps: Arc::new(Vec::new()),
+            calls: Vec::new(),
+            next_id: 1,
+            calls_made: HashMap::new(),
+            max_pending: limits.max_pending_calls,
+            logs: Vec::new(),
+            log_bytes: 0,
+            max_output: limits.max_output_bytes,
+            deadline: None,
+            stop: None,
+            clock_us: 0,
+        }
+    }
+
+    fn stop(&mut self, kind: ErrorKind, msg: impl Into<String>) {
+        if self.stop.is_none() {
+            self.stop = Some((kind, msg.into()));
+        }
+    }
+}
+
+fn memory(caller: &mut Caller<'_, Host>) -> Option<Memory> {
+    caller.get_export("memory").and_then(|e| e.into_memory())
+}
+
+fn read_bytes(caller: &mut Caller<'_, Host>, ptr: u32, len: u32) -> Option<Vec<u8>> {
+    let mem = memory(caller)?;
+    let data = mem.data(&caller);
+    data.get(ptr as usize..(ptr as usize).checked_add(len as usize)?)
+        .map(|s| s.to_vec())
+}
+
+const WASI_EBADF: i32 = 8;
+
+pub(crate) fn add_host_functions(linker: &mut Linker<Host>) -> anyhow::Result<()> {
+    linker.func_wrap(
+        "byom",
+        "host_call",
+        |mut caller: Caller<'_, Host>, cap: u32, ptr: u32, len: u32| -> i32 {
+            let Some(bytes) = read_bytes(&mut caller, ptr, len) else {
+                return -1;
+            };
+            let h = caller.data_mut();
+            let cap = cap as usize;
+            let Some(c) = h.caps.get(cap).cloned() else {
+                h.stop(ErrorKind::Internal, "call to an unknown capability");
+                return -1;
+            };
+            let made = h.calls_made.entry(cap).or_insert(0);
+            *made += 1;
+            if *made > c.max_calls {
+                let msg = format!(
+                    "{} called more than {} times in one eval",
+                    c.full_name(),
+                    c.max_calls
+                );
+                h.stop(ErrorKind::CapabilityLimit, msg);
+                return -1;
+            }
+            if h.calls.len() >= h.max_pending {
+                let msg = format!(
+                    "more than {} capability calls waiting at once",
+                    h.max_pending
+                );
+                h.stop(ErrorKind::CapabilityLimit, msg);
+                return -1;
+            }
+            let args: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let immediate = crate::schema::validate(&c.schema, &args)
+                .err()
+                .map(|e| Err(format!("invalid arguments for {}: {e}", c.full_name())));
+            let id = h.next_id;
+            h.next_id += 1;
+            h.calls.push(CallRec {
+                id,
+                cap,
+                args,
+                started: false,
+                immediate,
+            });
+            id as i32
+        },
+    )?;
+    linker.func_wrap(
+        "byom",
+        "host_log",
+        |mut caller: Caller<'_, Host>, _level: u32, ptr: u32, len: u32| -> i32 {
+            let Some(bytes) = read_bytes(&mut caller, ptr, len) else {
+                return 1;
+            };
+            let h = caller.data_mut();
+            h.log_bytes += bytes.len() + 1;
+            if h.log_bytes > h.max_output {
+                let msg = format!("console output over the limit of {} bytes", h.max_output);
+                h.stop(ErrorKind::OutputLimit, msg);
+                return 1;
+            }
+            h.logs.push(String::from_utf8_lossy(&bytes).into_owned());
+            0
+        },
+    )?;
+    linker.func_wrap(
+        "byom",
+        "host_interrupt",
+        |mut caller: Caller<'_, Host>| -> i32 {
+            let h = caller.data_mut();
+            if h.stop.is_some() {
+                return 1;
+            }
+            if h.deadline.is_some_and(|d| Instant::now() >= d) {
+                h.stop(ErrorKind::Timeout, "wall-clock limit reached");
+                return 1;
+            }
+            0
+        },
+    )?;
+    // WASI, stubbed: the guest gets a virtual clock and no files.
+    linker.func_wrap(
+        "wasi_snapshot_preview1",
+        "clock_time_get",
+        |mut caller: Caller<'_, Host>, _id: i32, _prec: i64, out: i32| -> i32 {
+            let h = caller.data_mut();
+            h.clock_us += 1;
+            let ns = h.clock_us.saturating_mul(1000);
+            let Some(mem) = memory(&mut caller) else {
+                return WASI_EBADF;
+            };
+            match mem.write(&mut caller, out as u32 as usize, &ns.to_le_bytes()) {
+                Ok(()) => 0,
+                Err(_) => WASI_EBADF,
+            }
+        },
+    )?;
+    linker.func_wrap(
+        "wasi_snapshot_preview1",
+        "fd_write",
+        |mut caller: Caller<'_, Host>, _fd: i32, iovs: i32, n: i32, written: i32| -> i32 {
+            // Swallow the guest's own diagnostics, but report them written.
+            let Some(mem) = memory(&mut caller) else {
+                return WASI_EBADF;
+            };
+            let mut total: u32 = 0;
+            for i in 0..n.max(0) as usize {
+                let mut b = [0u8; 8];
+                if mem
+                    .read(&caller, iovs as u32 as usize + i * 8, &mut b)
+                    .is_err()
+                {
+                    return WASI_EBADF;
+                }
+                total = total.saturating_add(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+            }
+            match mem.write(&mut caller, written as u32 as usize, &total.to_le_bytes()) {
+                Ok(()) => 0,
+                Err(_) => WASI_EBADF,
+            }
+        },
+    )?;
+    linker.func_wrap("wasi_snapshot_preview1", "fd_close", |_: i32| -> i32 {
+        WASI_EBADF
+    })?;
+    linker.func_wrap(
+        "wasi_snapshot_preview1",
+        "fd_seek",
+        |_: i32, _: i64, _: i32, _: i32| -> i32 { WASI_EBADF },
+    )?;
+    linker.func_wrap(
+        "wasi_snapshot_preview1",
+        "fd_fdstat_get",
+        |_: i32, _: i32| -> i32 { WASI_EBADF },
+    )?;
+    Ok(())
+}
+
+struct Exports {
+    memory: Memory,
+    alloc: TypedFunc<u32, u32>,
+    free: TypedFunc<u32, ()>,
+    eval: TypedFunc<(u32, u32), i32>,
+    poll: TypedFunc<(), i32>,
+    settle: TypedFunc<(i32, i32, u32, u32), i32>,
+    result_kind: TypedFunc<(), i32>,
+    result_ptr: TypedFunc<(), u32>,
+    result_len: TypedFunc<(), u32>,
+    stack_pointer: wasmtime::Global,
+}
+
+/// One JS context. Not `Sync`; one eval at a time (`&mut self`).
+pub struct Interpreter {
+    engine: Engine,
+    store: Store<Host>,
+    instance: wasmtime::Instance,
+    ex: Exports,
+    limits: Limits,
+    caps: Arc<Vec<Capability>>,
+    snapshot_key: Vec<u8>,
+    /// A trap left the instance unusable; the next eval starts afresh.
+    poisoned: bool,
+}
+
+const R_OK: i32 = 1;
+const R_EXCEPTION: i32 = 2;
+const R_SYNTAX: i32 = 3;
+const R_INTERRUPTED: i32 = 4;
+const R_OOM: i32 = 5;
+const R_STACK: i32 = 6;
+const R_HOST: i32 = 7;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn valid_ident(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() < 64
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// Outcome of one guest call: a trap becomes an error kind.
+type GuestResult<T> = Result<T, (ErrorKind, String)>;
+
+impl Interpreter {
+    /// A fresh context with these capabilities. `snapshot_key` signs and
+    /// checks snapshots (HMAC-SHA256); keep it secret and stable.
+    pub fn new(
+        engine: &Engine,
+        limits: Limits,
+        caps: Vec<Capability>,
+        snapshot_key: &[u8],
+    ) -> anyhow::Result<Interpreter> {
+        let mut it = Self::instantiate(engine, limits, Arc::new(caps), snapshot_key)?;
+        it.store.data_mut().clock_us = now_ms() * 1000;
+        it.init_guest()?;
+        Ok(it)
+    }
+
+    /// Sets the virtual clock `Date.now()` reads (and that seeds
+    /// `Math.random` in new contexts): the same start replays the same run.
+    pub fn set_clock_ms(&mut self, ms: u64) {
+        self.store.data_mut().clock_us = ms * 1000;
+    }
+
+    /// Console lines of the current or last eval.
+    pub fn logs(&self) -> &[String] {
+        &self.store.data().logs
+    }
+
+    pub fn take_logs(&mut self) -> Vec<String> {
+        self.store.data_mut().log_bytes = 0;
+        std::mem::take(&mut self.store.data_mut().logs)
+    }
+
+    fn instantiate(
+        engine: &Engine,
+        limits: Limits,
+        caps: Arc<Vec<Capability>>,
+        key: &[u8],
+    ) -> anyhow::Result<Interpreter> {
+        let mut host = Host::new(&limits);
+        host.caps = caps.clone();
+        let mut store = Store::new(engine.wasmtime(), host);
+        store.limiter(|h| &mut h.store_limits);
+        store.set_fuel(u64::MAX)?;
+        let instance = engine.pre().instantiate(&mut store)?;
+        let missing = |name: &str| format!("guest export {name} missing");
+        let ex = Exports {
+            memory: instance
+                .get_memory(&mut store, "memory")
+                .context(missing("memory"))?,
+            alloc: instance.get_typed_func(&mut store, "byom_alloc")?,
+            free: instance.get_typed_func(&mut store, "byom_free")?,
+            eval: instance.get_typed_func(&mut store, "byom_eval")?,
+            poll: instance.get_typed_func(&mut store, "byom_poll")?,
+            settle: instance.get_typed_func(&mut store, "byom_settle")?,
+            result_kind: instance.get_typed_func(&mut store, "byom_result_kind")?,
+            result_ptr: instance.get_typed_func(&mut store, "byom_result_ptr")?,
+            result_len: instance.get_typed_func(&mut store, "byom_result_len")?,
+            stack_pointer: instance
+                .get_global(&mut store, "__stack_pointer")
+                .context(missing("__stack_pointer"))?,
+        };
+        Ok(Interpreter {
+            engine: engine.clone(),
+            store,
+            instance,
+            ex,
+            limits,
+            caps,
+            snapshot_key: key.to_vec(),
+            poisoned: false,
+        })
+    }
+
+    fn init_guest(&mut self) -> anyhow::Result<()> {
+        let initialize: TypedFunc<(), ()> = self
+            .instance
+            .get_typed_func(&mut self.store, "_initialize")?;
+        initialize.call(&mut self.store, ())?;
+        let init: TypedFunc<(u32, u32), i32> =
+            self.instance.get_typed_func(&mut self.store, "byom_init")?;
+        let heap = self.limits.memory_bytes.min(u32::MAX as usize) as u32;
+        let stack = self.limits.js_stack_bytes.min(GUEST_STACK as usize / 2) as u32;
+        anyhow::ensure!(
+            init.call(&mut self.store, (heap, stack))? == 0,
+            "QuickJS failed to start"
+        );
+        let register: TypedFunc<(u32, u32, u32, u32, u32), i32> = self
+            .instance
+            .get_typed_func(&mut self.store, "byom_register")?;
+        let seal: TypedFunc<(u32, u32), i32> =
+            self.instance.get_typed_func(&mut self.store, "byom_seal")?;
+        let caps = self.caps.clone();
+        let mut namespaces: Vec<&str> = Vec::new();
+        for (i, c) in caps.iter().enumerate() {
+            anyhow::ensure!(
+                valid_ident(&c.namespace) && valid_ident(&c.name),
+                "bad capability name {}",
+                c.full_name()
+            );
+            anyhow::ensure!(
+                c.durable || c.handler.is_some(),
+                "{} needs a handler",
+                c.full_name()
+            );
+            anyhow::ensure!(
+                c.namespace != "console",
+                "the console namespace is reserved"
+            );
+            let (np, nl) = self.put(c.namespace.as_bytes())?;
+            let (fp, fl) = self.put(c.name.as_bytes())?;
+            let r = register.call(&mut self.store, (np, nl, fp, fl, i as u32))?;
+            self.ex.free.call(&mut self.store, np)?;
+            self.ex.free.call(&mut self.store, fp)?;
+            anyhow::ensure!(r == 0, "cannot register {}", c.full_name());
+            if !namespaces.contains(&c.namespace.as_str()) {
+                namespaces.push(&c.namespace);
+            }
+        }
+        for ns in namespaces {
+            let (p, l) = self.put(ns.as_bytes())?;
+            seal.call(&mut self.store, (p, l))?;
+            self.ex.free.call(&mut self.store, p)?;
+        }
+        Ok(())
+    }
+
+    /// Copies bytes into a guest buffer (the caller frees it).
+    fn put(&mut self, bytes: &[u8]) -> anyhow::Result<(u32, u32)> {
+        let len = u32::try_from(bytes.len()).context("too large")?;
+        let ptr = self.ex.alloc.call(&mut self.store, len)?;
+        anyhow::ensure!(ptr != 0, "guest out of memory");
+        self.ex.memory.write(&mut self.store, ptr as usize, bytes)?;
+        Ok((ptr, len))
+    }
+
+    /// Turns a wasmtime error from a guest call into an error kind. A trap
+    /// poisons the instance: its memory may be mid-update.
+    fn trap(&mut self, e: anyhow::Error) -> (ErrorKind, String) {
+        self.poisoned = true;
+        if let Some((k, m)) = self.store.data_mut().stop.take() {
+            return (k, m);
+        }
+        let sp = match self.ex.stack_pointer.get(&mut self.store) {
+            wasmtime::Val::I32(v) => v as u32,
+            _ => 0,
+        };
+        match e.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::OutOfFuel) => (ErrorKind::OutOfFuel, format!("CPU limit of {} fuel reached", self.limits.cpu_fuel)),
+            Some(wasmtime::Trap::StackOverflow) => (ErrorKind::StackOverflow, "stack overflow: recursion too deep; the interpreter was discarded and starts afresh".into()),
+            Some(wasmtime::Trap::MemoryOutOfBounds) if !(4096..=GUEST_STACK).contains(&sp) => {
+                (ErrorKind::StackOverflow, "stack overflow: recursion too deep; the interpreter was discarded and starts afresh".into())
+            }
+            Some(t) => (ErrorKind::Internal, format!("the interpreter crashed ({t}) and was discarded")),
+            None => {
+                if self.store.get_fuel().map(|f| f == 0).unwrap_or(false) {
+                    (ErrorKind::OutOfFuel, "CPU limit reached".into())
+                } else {
+                    (ErrorKind::Internal, format!("the interpreter failed: {e}"))
+                }
+            }
+        }
+    }
+
+    /// Starts over with a fresh context after a trap (the old JS state is
+    /// gone; that is the price of an instance that may be inconsistent).
+    fn reset_if_poisoned(&mut self) -> anyhow::Result<()> {
+        if self.poisoned {
+            let mut fresh = Self::instantiate(
+                &self.engine,
+                self.limits.clone(),
+                self.caps.clone(),
+                &self.snapshot_key,
+            )?;
+            fresh.store.data_mut().clock_us = self.store.data().clock_us;
+            fresh.init_guest()?;
+            *self = fresh;
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self) {
+        let h = self.store.data_mut();
+        h.deadline = Some(Instant::now() + self.limits.wall_clock);
+        h.stop = None;
+        h.logs.clear();
+        h.log_bytes = 0;
+        let _ = self.store.set_fuel(self.limits.cpu_fuel);
+    }
+
+    /// Runs a script (top-level `await` allowed) to its end, a durable
+    /// pause, or an error.
+    pub async fn eval(&mut self, code: &str) -> Outcome {
+        if let Err(e) = self.reset_if_poisoned() {
+            return Outcome::Error(
+                ErrorKind::Internal,
+                format!("cannot start a fresh interpreter: {e}"),
+            );
+        }
+        self.begin();
+        {
+            let h = self.store.data_mut();
+            h.calls.clear();
+            h.calls_made.clear();
+        }
+        let r = (|| -> anyhow::Result<i32> {
+            let (p, l) = self.put(code.as_bytes())?;
+            let r = self.ex.eval.call(&mut self.store, (p, l));
+            let _ = self.ex.free.call(&mut self.store, p);
+            Ok(r?)
+        })();
+        match r {
+            Ok(0) => self.drive().await,
+            Ok(_) => self.settled(),
+            Err(e) => {
+                let (k, m) = self.trap(e);
+                Outcome::Error(k, m)
+            }
+        }
+    }
+
+    fn poll(&mut self) -> GuestResult<i32> {
+        match self.ex.poll.call(&mut self.store, ()) {
+            Ok(r) => Ok(r),
+            Err(e) => Err(self.trap(e.into())),
+        }
+    }
+
+    fn settle(&mut self, id: u32, result: Result<Value, String>) -> GuestResult<()> {
+        let (ok, mut bytes) = match result {
+            Ok(v) => (
+                1,
+                serde_json::to_vec(&v).unwrap_or_else(|_| b"null".to_vec()),
+            ),
+            Err(m) => (0, m.into_bytes()),
+        };
+        // QuickJS's JSON parser wants a NUL after the text.
+        bytes.push(0);
+        let r = (|| -> anyhow::Result<i32> {
+            let (p, l) = self.put(&bytes)?;
+            let l = l - 1;
+            let r = self.ex.settle.call(&mut self.store, (id as i32, ok, p, l));
+            let _ = self.ex.free.call(&mut self.store, p);
+            Ok(r?)
+        })();
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.trap(e)),
+        }
+    }
+
+    /// Reads the settled result out of the guest.
+    fn settled(&mut self) -> Outcome {
+        if let Some((k, m)) = self.store.data_mut().stop.take() {
+            return Outcome::Error(k, m);
+        }
+        let read = (|| -> anyhow::Result<(i32, Vec<u8>)> {
+            let kind = self.ex.result_kind.call(&mut self.store, ())?;
+            let ptr = self.ex.result_ptr.call(&mut self.store, ())? as usize;
+            let len = self.ex.result_len.call(&mut self.store, ())? as usize;
+            let data = self.ex.memory.data(&self.store);
+            let bytes = data
+                .get(ptr..ptr.saturating_add(len))
+                .context("bad result pointer")?
+                .to_vec();
+            Ok((kind, bytes))
+        })();
+        let (kind, bytes) = match read {
+            Ok(x) => x,
+            Err(e) => {
+                let (k, m) = self.trap(e);
+                return Outcome::Error(k, m);
+            }
+        };
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        match kind {
+            R_OK => {
+                if bytes.len() > self.limits.max_result_bytes {
+                    return Outcome::Error(
+                        ErrorKind::ResultLimit,
+                        format!(
+                            "result of {} bytes is over the limit of {} bytes",
+                            bytes.len(),
+                            self.limits.max_result_bytes
+                        ),
+                    );
+                }
+                match serde_json::from_slice(&bytes) {
+                    Ok(v) => Outcome::Done(v),
+                    Err(e) => {
+                        Outcome::Error(ErrorKind::Internal, format!("result is not JSON: {e}"))
+                    }
+                }
+            }
+            R_SYNTAX => Outcome::Error(ErrorKind::SyntaxError, text),
+            R_OOM => Outcome::Error(
+                ErrorKind::OutOfMemory,
+                format!(
+                    "memory limit of {} bytes reached: {text}",
+                    self.limits.memory_bytes
+                ),
+            ),
+            R_STACK => Outcome::Error(ErrorKind::StackOverflow, text),
+            R_INTERRUPTED => Outcome::Error(
+                ErrorKind::Timeout,
+                format!("wall-clock limit of {:?} reached", self.limits.wall_clock),
+            ),
+            R_HOST => Outcome::Error(ErrorKind::Internal, text),
+            R_EXCEPTION => Outcome::Error(ErrorKind::Exception, text),
+            _ => Outcome::Error(
+                ErrorKind::Internal,
+                format!("unexpected guest state {kind}: {text}"),
+            ),
+        }
+    }
+
+    /// Polls the guest, runs capability calls (throttled per policy), and
+    /// settles them until the script ends, pauses durably, or runs out of
+    /// wall clock.
+    async fn drive(&mut self) -> Outcome {
+        let mut running: FuturesUnordered<BoxFuture<'static, (u32, Result<Value, String>)>> =
+            FuturesUnordered::new();
+        let deadline = self
+            .store
+            .data()
+            .deadline
+            .unwrap_or_else(|| Instant::now() + self.limits.wall_clock);
+        loop {
+            match self.poll() {
+                Ok(0) => return self.settled(),
+                Ok(_) => {}
+                Err((k, m)) => return Outcome::Error(k, m),
+            }
+            if let Some((k, m)) = self.store.data_mut().stop.take() {
+                return Outcome::Error(k, m);
+            }
+            // Settle what the host refused before starting (bad arguments).
+            let immediate: Vec<(u32, Result<Value, String>)> = {
+                let h = self.store.data_mut();
+                let mut out = Vec::new();
+                h.calls.retain_mut(|c| match c.immediate.take() {
+                    Some(r) => {
+                        out.push((c.id, r));
+                        false
+                    }
+                    None => true,
+                });
+                out
+            };
+            if !immediate.is_empty() {
+                for (id, r) in immediate {
+                    if let Err((k, m)) = self.settle(id, r) {
+                        return Outcome::Error(k, m);
+                    }
+                }
+                continue;
+            }
+            // Start calls while their capability has room.
+            {
+                let caps = self.caps.clone();
+                let h = self.store.data_mut();
+                let mut active: HashMap<usize, usize> = HashMap::new();
+                for c in h.calls.iter().filter(|c| c.started) {
+                    *active.entry(c.cap).or_insert(0) += 1;
+                }
+                for c in h.calls.iter_mut().filter(|c| !c.started) {
+                    let cap = &caps[c.cap];
+                    if cap.durable {
+                        continue;
+                    }
+                    let n = active.entry(c.cap).or_insert(0);
+                    if *n >= cap.max_concurrent {
+                        continue;
+                    }
+                    *n += 1;
+                    c.started = true;
+                    if let Some(handler) = &cap.handler {
+                        let fut = handler(c.args.clone());
+                        let id = c.id;
+                        running.push(Box::pin(async move { (id, fut.await) }));
+                    }
+                }
+            }
+            if running.is_empty() {
+                let durable: Vec<PendingCall> = {
+                    let h = self.store.data();
+                    h.calls
+                        .iter()
+                        .filter(|c| self.caps[c.cap].durable)
+                        .map(|c| PendingCall {
+                            id: c.id,
+                            capability: self.caps[c.cap].full_name(),
+                            args: c.args.clone(),
+                        })
+                        .collect()
+                };
+                if durable.is_empty() {
+                    return Outcome::Error(
+                        ErrorKind::Timeout,
+                        "the script awaits a promise that nothing can settle (no capability call is pending)".into(),
+                    );
+                }
+                return match self.snapshot(durable) {
+                    Ok(s) => Outcome::Paused(s),
+                    Err(e) => Outcome::Error(ErrorKind::Internal, format!("cannot snapshot: {e}")),
+                };
+            }
+            let next = tokio::time::timeout_at(deadline.into(), running.next()).await;
+            let (id, result) = match next {
+                Err(_) => {
+                    return Outcome::Error(
+                        ErrorKind::Timeout,
+                        format!(
+                            "wall-clock limit of {:?} reached while waiting on capability calls",
+                            self.limits.wall_clock
+                        ),
+                    );
+                }
+                Ok(None) => continue,
+                Ok(Some(x)) => x,
+            };
+            self.store.data_mut().calls.retain(|c| c.id != id);
+            if let Err((k, m)) = self.settle(id, result) {
+                return Outcome::Error(k, m);
+            }
+        }
+    }
+
+    fn snapshot(&mut self, pending: Vec<PendingCall>) -> anyhow::Result<Snapshot> {
+        let initial = self.engine.initial_image()?;
+        let sp = match self.ex.stack_pointer.get(&mut self.store) {
+            wasmtime::Val::I32(v) => v as u32,
+            _ => anyhow::bail!("stack pointer is not i32"),
+        };
+        let mem = self.ex.memory.data(&self.store);
+        let h = self.store.data();
+        let body = SnapshotBody {
+            memory_len: mem.len() as u64,
+            stack_pointer: sp,
+            pending: pending
+                .iter()
+                .map(|p| SavedCall {
+                    id: p.id,
+                    capability: p.capability.clone(),
+                    args: p.args.clone(),
+                })
+                .collect(),
+            next_id: h.next_id,
+            clock_us: h.clock_us,
+            capabilities: self.caps.iter().map(|c| c.full_name()).collect(),
+            calls_made: h
+                .calls_made
+                .iter()
+                .map(|(k, v)| (self.caps[*k].full_name(), *v))
+                .collect(),
+        };
+        Snapshot::capture(body, mem, initial, &self.snapshot_key)
+    }
+
+    /// Restores a paused interpreter from a snapshot (in any process). The
+    /// capabilities must be the same names in the same order as when it
+    /// paused; the key must be the one that signed it.
+    pub fn restore(
+        engine: &Engine,
+        limits: Limits,
+        caps: Vec<Capability>,
+        snapshot: &Snapshot,
+        snapshot_key: &[u8],
+    ) -> Result<Interpreter, (ErrorKind, String)> {
+        let bad = |m: String| (ErrorKind::BadSnapshot, m);
+        let body = snapshot
+            .verify(snapshot_key)
+            .map_err(|e| bad(e.to_string()))?;
+        let names: Vec<String> = caps.iter().map(|c| c.full_name()).collect();
+        if names != body.capabilities {
+            return Err(bad(format!(
+                "the snapshot was made with capabilities {:?}, not {:?}",
+                body.capabilities, names
+            )));
+        }
+        let mut it = Self::instantiate(engine, limits, Arc::new(caps), snapshot_key)
+            .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
+        let initial = engine
+            .initial_image()
+            .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
+        let image = snapshot
+            .memory(initial, snapshot_key)
+            .map_err(|e| bad(e.to_string()))?;
+        let cur = it.ex.memory.data_size(&it.store);
+        if image.len() > cur {
+            let pages = (image.len() - cur).div_ceil(65536) as u64;
+            it.ex.memory.grow(&mut it.store, pages).map_err(|e| {
+                (
+                    ErrorKind::OutOfMemory,
+                    format!("cannot restore memory: {e}"),
+                )
+            })?;
+        }
+        it.ex.memory.data_mut(&mut it.store)[..image.len()].copy_from_slice(&image);
+        it.ex
+            .stack_pointer
+            .set(&mut it.store, wasmtime::Val::I32(body.stack_pointer as i32))
+            .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
+        let h = it.store.data_mut();
+        h.next_id = body.next_id;
+        h.clock_us = body.clock_us;
+        for p in &body.pending {
+            let Some(cap) = names.iter().position(|n| *n == p.capability) else {
+                return Err(bad(format!("unknown capability {}", p.capability)));
+            };
+            h.calls.push(CallRec {
+                id: p.id,
+                cap,
+                args: p.args.clone(),
+                started: false,
+                immediate: None,
+            });
+        }
+        for (name, n) in &body.calls_made {
+            if let Some(cap) = names.iter().position(|x| x == name) {
+                h.calls_made.insert(cap, *n);
+            }
+        }
+        Ok(it)
+    }
+
+    /// Durable calls this interpreter waits on.
+    pub fn pending(&self) -> Vec<PendingCall> {
+        self.store
+            .data()
+            .calls
+            .iter()
+            .filter(|c| self.caps[c.cap].durable)
+            .map(|c| PendingCall {
+                id: c.id,
+                capability: self.caps[c.cap].full_name(),
+                args: c.args.clone(),
+            })
+            .collect()
+    }
+
+    /// Settles durable call `call_id` (Ok: the value; Err: a rejection with
+    /// that message) and runs the script on, to its end or its next pause.
+    pub async fn resume(&mut self, call_id: u32, result: Result<Value, String>) -> Outcome {
+        if self.poisoned {
+            return Outcome::Error(
+                ErrorKind::Internal,
+                "the interpreter was discarded after a trap".into(),
+            );
+        }
+        let known = self
+            .store
+            .data()
+            .calls
+            .iter()
+            .any(|c| c.id == call_id && self.caps[c.cap].durable);
+        if !known {
+            let ids: Vec<u32> = self.pending().iter().map(|p| p.id).collect();
+            return Outcome::Error(
+                ErrorKind::BadSnapshot,
+                format!("no pending call {call_id} (pending: {ids:?})"),
+            );
+        }
+        self.begin();
+        self.store.data_mut().calls.retain(|c| c.id != call_id);
+        if let Err((k, m)) = self.settle(call_id, result) {
+            return Outcome::Error(k, m);
+        }
+        self.drive().await
+    }
+}
