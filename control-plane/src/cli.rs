@@ -65,6 +65,9 @@ pub enum Cmd {
     },
     /// Start a server and a daemon in a temp dir, run commands, clean up.
     Demo(crate::demo::DemoArgs),
+    /// Run JavaScript in the sandboxed code interpreter.
+    #[command(subcommand)]
+    Js(crate::js::JsCmd),
 }
 
 #[derive(Args, Debug)]
@@ -263,6 +266,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Demo(a) => crate::demo::run(a).await,
+        Cmd::Js(j) => crate::js::run(j).await,
         cmd => {
             let creds = client::load_creds(g.creds.as_deref(), g.api.as_deref())?;
             let mut c = client::connect(&creds).await?;
@@ -272,7 +276,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Cmd::Exec(e) => exec(&mut c, e).await,
                 Cmd::Commands(x) => commands(&mut c, x).await,
                 Cmd::Show { id, json } => show(&mut c, &id, json).await,
-                Cmd::Server(_) | Cmd::Demo(_) => unreachable!("handled above"),
+                Cmd::Server(_) | Cmd::Demo(_) | Cmd::Js(_) => unreachable!("handled above"),
             }
         }
     }

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod client;
 pub mod demo;
 pub mod gateway;
+pub mod js;
 pub mod pki;
 pub mod reconcile;
 pub mod server;
