@@ -920,15 +920,12 @@ impl Interpreter {
         }
         let mut it = Self::instantiate(engine, limits, Arc::new(caps), snapshot_key)
             .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
-        let initial = engine
-            .initial_image()
-            .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
-        let image = snapshot
-            .memory(initial, snapshot_key)
-            .map_err(|e| bad(e.to_string()))?;
         let cur = it.ex.memory.data_size(&it.store);
-        if image.len() > cur {
-            let pages = (image.len() - cur).div_ceil(65536) as u64;
+        let (len, chunks) = snapshot
+            .delta(cur, snapshot_key)
+            .map_err(|e| bad(e.to_string()))?;
+        if len > cur {
+            let pages = (len - cur).div_ceil(65536) as u64;
             it.ex.memory.grow(&mut it.store, pages).map_err(|e| {
                 (
                     ErrorKind::OutOfMemory,
@@ -936,7 +933,12 @@ impl Interpreter {
                 )
             })?;
         }
-        it.ex.memory.data_mut(&mut it.store)[..image.len()].copy_from_slice(&image);
+        // A fresh instance's memory is the initial image (copy-on-write), so
+        // writing the changed chunks reproduces the paused memory.
+        let data = it.ex.memory.data_mut(&mut it.store);
+        for (start, bytes) in &chunks {
+            data[*start..*start + bytes.len()].copy_from_slice(bytes);
+        }
         it.ex
             .stack_pointer
             .set(&mut it.store, wasmtime::Val::I32(body.stack_pointer as i32))
@@ -1007,5 +1009,89 @@ impl Interpreter {
             return Outcome::Error(k, m);
         }
         self.drive().await
+    }
+}
+
+/// A pre-initialised interpreter image (Wizer-style): the linear memory of a
+/// fresh context with its capabilities registered, kept as the chunks that
+/// differ from the module's initial image. New interpreters start from it
+/// with a copy-on-write instantiation plus those chunks, skipping QuickJS's
+/// start-up.
+pub struct Template {
+    engine: Engine,
+    limits: Limits,
+    caps: Arc<Vec<Capability>>,
+    key: Vec<u8>,
+    mem_len: usize,
+    chunks: Vec<(usize, Vec<u8>)>,
+    stack_pointer: i32,
+}
+
+const TEMPLATE_CHUNK: usize = 4096;
+
+impl Template {
+    pub fn new(
+        engine: &Engine,
+        limits: Limits,
+        caps: Vec<Capability>,
+        snapshot_key: &[u8],
+    ) -> anyhow::Result<Template> {
+        let mut it = Interpreter::new(engine, limits.clone(), caps, snapshot_key)?;
+        let initial = engine.initial_image()?;
+        let sp = match it.ex.stack_pointer.get(&mut it.store) {
+            wasmtime::Val::I32(v) => v,
+            _ => anyhow::bail!("stack pointer is not i32"),
+        };
+        let mem = it.ex.memory.data(&it.store);
+        let mut chunks = Vec::new();
+        for (i, c) in mem.chunks(TEMPLATE_CHUNK).enumerate() {
+            let start = i * TEMPLATE_CHUNK;
+            let base = initial.get(start..start + c.len());
+            let same = match base {
+                Some(b) => b == c,
+                None => c.iter().all(|b| *b == 0),
+            };
+            if !same {
+                chunks.push((start, c.to_vec()));
+            }
+        }
+        Ok(Template {
+            engine: engine.clone(),
+            limits,
+            caps: it.caps.clone(),
+            key: snapshot_key.to_vec(),
+            mem_len: mem.len(),
+            chunks,
+            stack_pointer: sp,
+        })
+    }
+
+    /// Bytes of memory the template writes into each new instance.
+    pub fn image_bytes(&self) -> usize {
+        self.chunks.len() * TEMPLATE_CHUNK
+    }
+
+    pub fn instantiate(&self) -> anyhow::Result<Interpreter> {
+        let mut it = Interpreter::instantiate(
+            &self.engine,
+            self.limits.clone(),
+            self.caps.clone(),
+            &self.key,
+        )?;
+        let cur = it.ex.memory.data_size(&it.store);
+        if self.mem_len > cur {
+            it.ex
+                .memory
+                .grow(&mut it.store, (self.mem_len - cur).div_ceil(65536) as u64)?;
+        }
+        let data = it.ex.memory.data_mut(&mut it.store);
+        for (start, c) in &self.chunks {
+            data[*start..*start + c.len()].copy_from_slice(c);
+        }
+        it.ex
+            .stack_pointer
+            .set(&mut it.store, wasmtime::Val::I32(self.stack_pointer))?;
+        it.store.data_mut().clock_us = now_ms() * 1000;
+        Ok(it)
     }
 }

@@ -22,6 +22,8 @@ mod schema;
 mod snapshot;
 
 pub use engine::{Engine, MODULE_SHA256};
-pub use interp::{Capability, CapabilityFn, ErrorKind, Interpreter, Limits, Outcome, PendingCall};
+pub use interp::{
+    Capability, CapabilityFn, ErrorKind, Interpreter, Limits, Outcome, PendingCall, Template,
+};
 pub use schema::{validate, SchemaError};
 pub use snapshot::{Snapshot, SnapshotError, SNAPSHOT_VERSION};

@@ -184,8 +184,14 @@ impl Snapshot {
         Ok(body)
     }
 
-    /// The full linear memory this snapshot describes, checked first.
-    pub(crate) fn memory(&self, initial: &[u8], key: &[u8]) -> Result<Vec<u8>, SnapshotError> {
+    /// The memory delta, checked first: (memory length, chunks as (byte
+    /// offset, bytes)). Applied onto a fresh instance (whose memory is the
+    /// initial image) it reproduces the paused memory exactly.
+    pub(crate) fn delta(
+        &self,
+        initial_len: usize,
+        key: &[u8],
+    ) -> Result<(usize, Vec<(usize, Vec<u8>)>), SnapshotError> {
         let body = self.verify(key)?;
         let p = self.parts()?;
         let len = body.memory_len as usize;
@@ -195,18 +201,22 @@ impl Snapshot {
         if raw.len() % (CHUNK + 4) != 0 {
             return Err(SnapshotError::Damaged("bad chunk list".into()));
         }
-        let mut mem = initial.to_vec();
-        mem.resize(len, 0);
+        if len < initial_len {
+            return Err(SnapshotError::Damaged(
+                "memory smaller than the module's".into(),
+            ));
+        }
+        let mut out = Vec::with_capacity(raw.len() / (CHUNK + 4));
         for rec in raw.chunks(CHUNK + 4) {
             let idx = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) as usize;
             let start = idx * CHUNK;
-            let end = (start + CHUNK).min(len);
             if start >= len {
                 return Err(SnapshotError::Damaged("chunk outside memory".into()));
             }
-            mem[start..end].copy_from_slice(&rec[4..4 + (end - start)]);
+            let end = (start + CHUNK).min(len);
+            out.push((start, rec[4..4 + (end - start)].to_vec()));
         }
-        Ok(mem)
+        Ok((len, out))
     }
 
     /// Pending durable calls, read without checking the signature (for

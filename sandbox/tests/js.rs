@@ -467,3 +467,19 @@ mod bridge_props {
         }
     }
 }
+
+#[tokio::test]
+async fn template_instances_are_independent_and_working() {
+    let t = Template::new(&engine(), limits(), vec![echo(), ask()], KEY).unwrap();
+    let mut a = t.instantiate().unwrap();
+    let mut b = t.instantiate().unwrap();
+    assert_eq!(
+        done(&mut a, "globalThis.v = 1; await tools.echo(v)").await,
+        json!(1)
+    );
+    assert_eq!(done(&mut b, "typeof v").await, json!("undefined"));
+    assert!(matches!(
+        b.eval("await human.ask('x')").await,
+        Outcome::Paused(_)
+    ));
+}
