@@ -18,6 +18,9 @@ use serde_json::Value;
 use crate::interp::PendingCall;
 
 pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// Changed memory chunks as (byte offset, bytes).
+pub(crate) type Chunks = Vec<(usize, Vec<u8>)>;
 const MAGIC: &[u8; 8] = b"BYOMSNP\0";
 const CHUNK: usize = 4096;
 const ZSTD_LEVEL: i32 = 3;
@@ -191,7 +194,7 @@ impl Snapshot {
         &self,
         initial_len: usize,
         key: &[u8],
-    ) -> Result<(usize, Vec<(usize, Vec<u8>)>), SnapshotError> {
+    ) -> Result<(usize, Chunks), SnapshotError> {
         let body = self.verify(key)?;
         let p = self.parts()?;
         let len = body.memory_len as usize;
