@@ -449,8 +449,21 @@ impl Interpreter {
         caps: Vec<Capability>,
         snapshot_key: &[u8],
     ) -> anyhow::Result<Interpreter> {
+        Self::new_at(engine, limits, caps, snapshot_key, now_ms())
+    }
+
+    /// Like [`Interpreter::new`], with the virtual clock starting at
+    /// `clock_ms`. QuickJS seeds `Math.random` from that clock, so the same
+    /// start and the same script give the same run: a replay is exact.
+    pub fn new_at(
+        engine: &Engine,
+        limits: Limits,
+        caps: Vec<Capability>,
+        snapshot_key: &[u8],
+        clock_ms: u64,
+    ) -> anyhow::Result<Interpreter> {
         let mut it = Self::instantiate(engine, limits, Arc::new(caps), snapshot_key)?;
-        it.store.data_mut().clock_us = now_ms() * 1000;
+        it.store.data_mut().clock_us = clock_ms * 1000;
         it.init_guest()?;
         Ok(it)
     }

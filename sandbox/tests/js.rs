@@ -483,3 +483,17 @@ async fn template_instances_are_independent_and_working() {
         Outcome::Paused(_)
     ));
 }
+
+#[tokio::test]
+async fn clock_and_randomness_come_from_the_host_and_replay_exactly() {
+    let run = || async {
+        let mut it =
+            Interpreter::new_at(&engine(), limits(), vec![], KEY, 1_700_000_000_000).unwrap();
+        done(&mut it, "[Math.floor(Date.now() / 1000), Math.random(), Math.random(), new Date(0).toISOString()]").await
+    };
+    let (a, b) = (run().await, run().await);
+    assert_eq!(a, b, "same clock start, same run");
+    assert_eq!(a[0], json!(1_700_000_000));
+    let mut other = Interpreter::new_at(&engine(), limits(), vec![], KEY, 42_000).unwrap();
+    assert_ne!(done(&mut other, "Math.random()").await, a[1]);
+}
