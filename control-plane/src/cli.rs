@@ -363,6 +363,7 @@ pub fn machine_json(m: &pb::Machine) -> Value {
         "public_key_sha256": m.public_key_sha256, "token_id": m.token_id,
         "queued_commands": m.queued_commands, "running_commands": m.running_commands,
         "remote_addr": m.remote_addr, "offline_reason": m.offline_reason,
+        "policy_digest": m.policy_digest, "policy_summary": m.policy_summary,
     })
 }
 
@@ -653,6 +654,13 @@ fn print_machine(m: &pb::Machine, json: bool) {
     );
     println!("  certificate:  expires {}", ago(m.cert_not_after_ms));
     println!("  key sha256:   {}", m.public_key_sha256);
+    if !m.policy_digest.is_empty() {
+        println!(
+            "  local policy: {} (sha256 {})",
+            or_dash(&m.policy_summary),
+            &m.policy_digest[..m.policy_digest.len().min(12)]
+        );
+    }
 }
 
 async fn commands(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
@@ -666,7 +674,7 @@ async fn commands(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
             let state = match state {
                 None => CommandState::Unspecified,
                 Some(s) => CommandState::parse(&s).with_context(|| {
-                    format!("unknown state {s:?}: use queued, dispatched, running, exited, failed, cancelled, timed_out or lost")
+                    format!("unknown state {s:?}: use queued, dispatched, running, exited, failed, cancelled, timed_out, lost or denied")
                 })?,
             };
             let r = c
@@ -885,6 +893,7 @@ pub fn exit_status(c: &pb::Command) -> i32 {
             _ => 0,
         },
         CommandState::TimedOut => 124,
+        CommandState::Denied => 126,
         CommandState::Cancelled => 130,
         _ => 255,
     }

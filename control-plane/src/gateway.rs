@@ -334,6 +334,8 @@ async fn serve_machine(
         m.instance_id = hello.instance_id.clone();
         m.remote_addr = conn.remote_address().to_string();
         m.offline_reason.clear();
+        m.policy_digest = hello.policy_digest.chars().take(64).collect();
+        m.policy_summary = hello.policy_summary.chars().take(256).collect();
         for (k, v) in hello.labels.iter().take(limits::MAX_LABELS) {
             let ok = |s: &str| s.len() <= limits::MAX_NAME_LEN && !s.chars().any(char::is_control);
             if !k.is_empty() && ok(k) && ok(v) && m.labels.len() < limits::MAX_LABELS {

@@ -109,7 +109,10 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
     let dir = opts.config_dir;
     Identity::load(&dir)?;
     let _lock = lock_config_dir(&dir)?;
-    let runner = Arc::new(Runner::new());
+    // A policy that does not parse stops the daemon: never "anything goes".
+    let policy = crate::policy::Policy::load(&dir)?;
+    tracing::info!(policy = %policy.path.display(), digest = %policy.digest, "local policy: {}", policy.summary());
+    let runner = Arc::new(Runner::with_policy(policy));
     let mut backoff = limits::RECONNECT_BACKOFF_MIN;
     tracing::info!(instance = %runner.instance_id, "byomd starting");
     loop {
@@ -278,6 +281,7 @@ async fn session(
     }
     let (mut ctl_send, mut ctl_recv) = conn.open_bi().await?;
     let (running, held) = runner.inventory();
+    let (policy_digest, policy_summary) = runner.policy_info();
     let hello = pb::Hello {
         protocol_version: byom_protocol::PROTOCOL_VERSION,
         machine_id: ident.machine_id.clone(),
@@ -290,6 +294,8 @@ async fn session(
         held,
         max_concurrency: runner.max_concurrency as u32,
         labels: labels.iter().cloned().collect(),
+        policy_digest,
+        policy_summary,
     };
     write_frame(
         &mut ctl_send,

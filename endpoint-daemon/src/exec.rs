@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::now_ms;
+use crate::policy::{Decision, Policy};
 
 /// After cancel or timeout, SIGTERM first, then SIGKILL after this grace.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -119,6 +120,15 @@ pub struct Runner {
     table: Mutex<Table>,
     pub instance_id: String,
     pub max_concurrency: usize,
+    /// The owner's local policy; `None` only in tests that run raw.
+    policy: Mutex<Option<Policy>>,
+}
+
+/// How a command will run, once the policy said yes.
+struct Plan {
+    cwd: Option<std::path::PathBuf>,
+    timeout: Option<Duration>,
+    scrub: Vec<String>,
 }
 
 impl Default for Runner {
@@ -135,6 +145,60 @@ impl Runner {
             table: Mutex::new(Table::default()),
             instance_id: format!("{}-{}", std::process::id(), crate::tls::hex(&r)),
             max_concurrency: limits::MAX_CONCURRENT_COMMANDS,
+            policy: Mutex::new(None),
+        }
+    }
+
+    /// A runner that enforces `policy` on every command.
+    pub fn with_policy(policy: Policy) -> Self {
+        let mut r = Self::new();
+        if let Some(n) = policy.max_concurrency() {
+            r.max_concurrency = n.min(limits::MAX_CONCURRENT_COMMANDS);
+        }
+        r.policy = Mutex::new(Some(policy));
+        r
+    }
+
+    /// (digest, summary) of the policy in force, for Hello.
+    pub fn policy_info(&self) -> (String, String) {
+        match self.policy.lock().ok().and_then(|p| p.clone()) {
+            Some(p) => (p.digest.clone(), p.summary()),
+            None => (String::new(), "no local policy".into()),
+        }
+    }
+
+    /// Asks the policy (re-read if the file changed) about a command.
+    fn plan(&self, req: &pb::ExecRequest) -> Result<Plan, (CommandState, String)> {
+        let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
+        let Ok(mut guard) = self.policy.lock() else {
+            return Err((CommandState::Failed, "daemon policy state poisoned".into()));
+        };
+        let Some(policy) = guard.as_mut() else {
+            let cwd = (!req.cwd.is_empty()).then(|| std::path::PathBuf::from(&req.cwd));
+            return Ok(Plan {
+                cwd,
+                timeout,
+                scrub: Vec::new(),
+            });
+        };
+        if let Some(e) = policy.reload_if_changed() {
+            tracing::error!("policy change ignored, keeping the previous policy: {e:#}");
+        }
+        match policy.check(&req.argv, &req.shell, &req.cwd, &req.env, timeout) {
+            Ok(Decision::Allow {
+                cwd,
+                timeout,
+                scrub,
+            }) => Ok(Plan {
+                cwd: Some(cwd),
+                timeout,
+                scrub,
+            }),
+            Ok(Decision::Deny { rule }) => Err((
+                CommandState::Denied,
+                format!("denied by local policy: {rule}"),
+            )),
+            Err(msg) => Err((CommandState::Failed, msg)),
         }
     }
 
@@ -222,10 +286,17 @@ impl Runner {
         });
         t.entries.insert(req.command_id.clone(), entry.clone());
         drop(t);
+        let plan = self.plan(&req);
         let runner = self.clone();
         let e = entry.clone();
         tokio::spawn(async move {
-            let exit = run_process(&e, req).await;
+            let exit = match plan {
+                Ok(plan) => run_process(&e, req, plan).await,
+                Err((state, reason)) => {
+                    tracing::warn!(cmd = %e.id, "{reason}");
+                    exit_record(state, reason, Instant::now(), 0)
+                }
+            };
             if let Ok(mut x) = e.exit.lock() {
                 *x = Some(exit);
             }
@@ -318,7 +389,7 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(entry: Arc<Entry>, mut r: R, stde
     }
 }
 
-async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest) -> pb::Exit {
+async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb::Exit {
     let t0 = Instant::now();
     let mut cmd = if !req.shell.is_empty() {
         let mut c = tokio::process::Command::new("sh");
@@ -331,14 +402,7 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest) -> pb::Exit {
     } else {
         return exit_record(CommandState::Failed, "empty command".into(), t0, 0);
     };
-    if !req.cwd.is_empty() {
-        let cwd = if let Some(rest) = req.cwd.strip_prefix("~/") {
-            std::env::var_os("HOME")
-                .map(|h| std::path::PathBuf::from(h).join(rest))
-                .unwrap_or_else(|| req.cwd.clone().into())
-        } else {
-            req.cwd.clone().into()
-        };
+    if let Some(cwd) = &plan.cwd {
         if !cwd.is_dir() {
             return exit_record(
                 CommandState::Failed,
@@ -352,15 +416,18 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest) -> pb::Exit {
         }
         cmd.current_dir(cwd);
     }
-    cmd.envs(&req.env)
-        .stdin(if req.stdin.is_empty() {
-            Stdio::null()
-        } else {
-            Stdio::piped()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    cmd.envs(&req.env);
+    for k in &plan.scrub {
+        cmd.env_remove(k);
+    }
+    cmd.stdin(if req.stdin.is_empty() {
+        Stdio::null()
+    } else {
+        Stdio::piped()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
     #[cfg(unix)]
     cmd.process_group(0);
     let mut child = match cmd.spawn() {
@@ -397,11 +464,7 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest) -> pb::Exit {
         .take()
         .map(|e| tokio::spawn(pump(entry.clone(), e, true)));
 
-    let timeout = if req.timeout_ms == 0 {
-        None
-    } else {
-        Some(Duration::from_millis(req.timeout_ms))
-    };
+    let timeout = plan.timeout;
     let mut cancel = entry.cancel.subscribe();
     let mut ended_by: Option<(CommandState, String)> = None;
     let status = loop {

@@ -14,6 +14,7 @@ pub mod conn;
 pub mod exec;
 pub mod identity;
 pub mod pair;
+pub mod policy;
 pub mod tls;
 
 pub use byom_wire::{hostname, now_ms};

@@ -51,11 +51,31 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// The local policy: what the server may run on this machine.
+    #[command(subcommand)]
+    Policy(PolicyCmd),
     /// Deregister from the server and wipe the local identity.
     Unpair {
         /// Wipe locally even if the server cannot be reached.
         #[arg(long)]
         force: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCmd {
+    /// Print the effective policy, its file and digest.
+    Show,
+    /// Explain what would happen to a command: byomd policy check [--cwd D] -- CMD ARGS
+    Check {
+        /// Working directory the command would get.
+        #[arg(long, default_value = "")]
+        cwd: String,
+        /// Check a shell command line (as `byom exec --sh`).
+        #[arg(long = "sh")]
+        shell: Option<String>,
+        #[arg(last = true)]
+        argv: Vec<String>,
     },
 }
 
@@ -126,6 +146,7 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Status { json } => status(&dir, json),
+        Cmd::Policy(p) => policy(&dir, p),
         Cmd::Unpair { force } => {
             let id = Identity::load(&dir)?;
             let r = rt.block_on(byom_daemon::conn::unpair(&dir, &id));
@@ -250,5 +271,54 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+fn policy(dir: &std::path::Path, cmd: PolicyCmd) -> anyhow::Result<i32> {
+    use byom_daemon::policy::{Decision, Policy};
+    let p = Policy::load(dir)?;
+    match cmd {
+        PolicyCmd::Show => {
+            let source = if p.path.exists() {
+                p.path.display().to_string()
+            } else {
+                format!("built-in default ({} does not exist)", p.path.display())
+            };
+            println!("# policy: {source}");
+            println!("# digest: {}", p.digest);
+            println!("# summary: {}", p.summary());
+            print!("{}", toml::to_string(&p.file).unwrap_or_default());
+            Ok(0)
+        }
+        PolicyCmd::Check { cwd, shell, argv } => {
+            if shell.is_none() && argv.is_empty() {
+                anyhow::bail!("give a command: byomd policy check -- CMD ARGS (or --sh 'LINE')");
+            }
+            let shell = shell.unwrap_or_default();
+            match p.check(&argv, &shell, &cwd, &Default::default(), None) {
+                Ok(Decision::Allow {
+                    cwd,
+                    timeout,
+                    scrub,
+                }) => {
+                    println!("allowed: runs in {}", cwd.display());
+                    if let Some(t) = timeout {
+                        println!("  killed after {} at most", humantime::format_duration(t));
+                    }
+                    if !scrub.is_empty() {
+                        println!("  environment scrubbed: {}", scrub.join(", "));
+                    }
+                    Ok(0)
+                }
+                Ok(Decision::Deny { rule }) => {
+                    println!("denied: {rule}");
+                    Ok(2)
+                }
+                Err(msg) => {
+                    println!("fails: {msg}");
+                    Ok(2)
+                }
+            }
+        }
     }
 }

@@ -114,5 +114,6 @@ pub async fn pair(dir: &Path, opts: PairOptions) -> anyhow::Result<Identity> {
         paired_at_ms: crate::now_ms(),
     };
     id.save(dir)?;
+    crate::policy::Policy::write_default(dir)?;
     Ok(id)
 }

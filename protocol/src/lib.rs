@@ -39,7 +39,7 @@ impl pb::CommandState {
     /// True for states a command never leaves.
     pub fn is_terminal(self) -> bool {
         use pb::CommandState::*;
-        matches!(self, Exited | Failed | Cancelled | TimedOut | Lost)
+        matches!(self, Exited | Failed | Cancelled | TimedOut | Lost | Denied)
     }
 
     /// Lower-case name used by the CLI and JSON output.
@@ -55,6 +55,7 @@ impl pb::CommandState {
             Cancelled => "cancelled",
             TimedOut => "timed_out",
             Lost => "lost",
+            Denied => "denied",
         }
     }
 
@@ -62,7 +63,7 @@ impl pb::CommandState {
     pub fn parse(s: &str) -> Option<Self> {
         use pb::CommandState::*;
         [
-            Queued, Dispatched, Running, Exited, Failed, Cancelled, TimedOut, Lost,
+            Queued, Dispatched, Running, Exited, Failed, Cancelled, TimedOut, Lost, Denied,
         ]
         .into_iter()
         .find(|st| st.name() == s)
@@ -82,6 +83,7 @@ impl pb::CommandState {
             (Queued, _) => false,
             (Dispatched, Running) => true,
             (Dispatched | Running, Exited | Failed | Cancelled | TimedOut | Lost) => true,
+            (Dispatched, Denied) => true,
             _ => false,
         }
     }
@@ -99,6 +101,7 @@ mod tests {
             CommandState::Cancelled,
             CommandState::TimedOut,
             CommandState::Lost,
+            CommandState::Denied,
         ] {
             for n in [
                 CommandState::Queued,
@@ -115,7 +118,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for s in ["queued", "running", "exited", "timed_out", "lost"] {
+        for s in ["queued", "running", "exited", "timed_out", "lost", "denied"] {
             assert_eq!(CommandState::parse(s).map(|x| x.name()), Some(s));
         }
         assert_eq!(CommandState::parse("bogus"), None);

@@ -213,7 +213,11 @@ impl Server {
         wait_for(&format!("{id} to finish"), timeout, || {
             let c = self.command(id);
             let st = c["state"].as_str().unwrap_or("");
-            matches!(st, "exited" | "failed" | "cancelled" | "timed_out" | "lost").then_some(c)
+            matches!(
+                st,
+                "exited" | "failed" | "cancelled" | "timed_out" | "lost" | "denied"
+            )
+            .then_some(c)
         })
     }
 

@@ -1,0 +1,153 @@
+//! The machine owner's local policy, end to end: the server sends, the
+//! daemon decides, and the owner's file wins.
+
+use std::time::Duration;
+
+use byom_tests::{stderr, stdout, wait_for, Daemon, Server};
+
+const T: Duration = Duration::from_secs(30);
+
+fn setup() -> (tempfile::TempDir, Server, Daemon) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    d.start();
+    server.wait_online("lap", true, T);
+    (dir, server, d)
+}
+
+#[test]
+fn default_policy_is_written_at_pairing_and_denies_sudo() {
+    let (dir, server, d) = setup();
+    assert!(d.config_dir.join("policy.toml").exists());
+    let marker = dir.path().join("ran");
+    let m = marker.to_str().unwrap();
+    for argv in [
+        vec!["sudo", "touch", m],
+        vec!["sh", "-c", &format!("true; sudo touch {m}")],
+    ] {
+        let mut args = vec!["exec", "lap", "--"];
+        args.extend(argv.iter().copied());
+        let out = server.byom(&args);
+        assert_eq!(out.status.code(), Some(126), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("denied by local policy") && stderr(&out).contains("sudo"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let out = server.byom(&["exec", "lap", "--sh", &format!("touch {m}; sudo true")]);
+    assert_eq!(out.status.code(), Some(126));
+    assert!(!marker.exists(), "a denied command never starts");
+    let denied = server.json(&["commands", "ls", "--state", "denied"]);
+    assert_eq!(denied.as_array().unwrap().len(), 3);
+    assert!(denied[0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("commands.deny"));
+    // Outside the allowed roots.
+    let out = server.byom(&["exec", "lap", "--cwd", "/etc", "--", "ls"]);
+    assert_eq!(out.status.code(), Some(126), "{}", stderr(&out));
+    assert!(stderr(&out).contains("dirs.roots"), "{}", stderr(&out));
+    // The summary reaches the server.
+    let machine = server.machine("lap");
+    assert!(
+        machine["policy_summary"]
+            .as_str()
+            .unwrap()
+            .contains("deny sudo"),
+        "{machine}"
+    );
+    assert_eq!(machine["policy_digest"].as_str().unwrap().len(), 64);
+}
+
+#[test]
+fn owner_edits_take_effect_and_bad_edits_are_ignored() {
+    let (dir, server, d) = setup();
+    let policy = d.config_dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[commands]\nallow = [\"echo\", \"sleep\", \"env\"]\ndeny_patterns = [\"*forbidden*\"]\n[dirs]\nroots = [\"{}\"]\n[env]\nscrub = [\"SECRETISH_*\"]\n[limits]\nmax_runtime = \"1s\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let out = server.byom(&["exec", "lap", "--", "ls"]);
+    assert_eq!(out.status.code(), Some(126), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not in commands.allow"),
+        "{}",
+        stderr(&out)
+    );
+    let out = server.byom(&["exec", "lap", "--", "echo", "forbidden fruit"]);
+    assert_eq!(out.status.code(), Some(126));
+    let out = server.byom(&[
+        "exec",
+        "lap",
+        "--env",
+        "SECRETISH_KEY=v",
+        "--env",
+        "PLAIN=p",
+        "--",
+        "env",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("PLAIN=p") && !stdout(&out).contains("SECRETISH_KEY"),
+        "{}",
+        stdout(&out)
+    );
+    // No cwd: the command runs in the first root.
+    let out = server.byom(&["exec", "lap", "--", "sh", "-c", "pwd"]);
+    assert_eq!(out.status.code(), Some(126), "sh is not allowed");
+    // max_runtime caps what the server asks for.
+    let out = server.byom(&["exec", "lap", "--timeout", "1h", "--", "sleep", "5"]);
+    assert_eq!(out.status.code(), Some(124), "{}", stderr(&out));
+
+    // A broken edit keeps the previous policy (ls still denied).
+    std::fs::write(&policy, "[commands\nallow = oops").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let out = server.byom(&["exec", "lap", "--", "ls"]);
+    assert_eq!(out.status.code(), Some(126));
+    assert!(
+        d.log().contains("keeping the previous policy"),
+        "{}",
+        d.log()
+    );
+
+    // A daemon will not start on a broken policy.
+    let mut d2 = Daemon::new(dir.path(), "daemon2");
+    d2.pair(&server.token(&[]), "lap2");
+    std::fs::write(d2.config_dir.join("policy.toml"), "[nonsense]\nx = 1").unwrap();
+    d2.start();
+    wait_for("daemon2 to refuse to start", T, || d2.exited());
+    assert!(d2.log().contains("not a valid policy"), "{}", d2.log());
+}
+
+#[test]
+fn policy_show_and_check_explain_themselves() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    let out = d.byomd(&["policy", "show"]);
+    assert!(out.status.success());
+    assert!(
+        stdout(&out).contains("deny = [") && stdout(&out).contains("# digest:"),
+        "{}",
+        stdout(&out)
+    );
+    let out = d.byomd(&["policy", "check", "--", "sudo", "ls"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stdout(&out).starts_with("denied:"), "{}", stdout(&out));
+    let out = d.byomd(&["policy", "check", "--cwd", "/tmp", "--", "ls", "-l"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(
+        stdout(&out).starts_with("allowed: runs in /tmp"),
+        "{}",
+        stdout(&out)
+    );
+}
