@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::now_ms;
 use crate::policy::{Decision, Policy};
+use crate::secrets::Scrubber;
 
 /// After cancel or timeout, SIGTERM first, then SIGKILL after this grace.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -122,6 +123,8 @@ pub struct Runner {
     pub max_concurrency: usize,
     /// The owner's local policy; `None` only in tests that run raw.
     policy: Mutex<Option<Policy>>,
+    /// Where secrets live (the config dir); `None`: no secrets.
+    secrets_dir: Option<std::path::PathBuf>,
 }
 
 /// How a command will run, once the policy said yes.
@@ -129,6 +132,13 @@ struct Plan {
     cwd: Option<std::path::PathBuf>,
     timeout: Option<Duration>,
     scrub: Vec<String>,
+    /// The command with `{{secret:NAME}}` handles replaced by values.
+    argv: Vec<String>,
+    shell: String,
+    env: HashMap<String, String>,
+    stdin: Vec<u8>,
+    /// Secret values to scrub from output.
+    secrets: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for Runner {
@@ -146,12 +156,15 @@ impl Runner {
             instance_id: format!("{}-{}", std::process::id(), crate::tls::hex(&r)),
             max_concurrency: limits::MAX_CONCURRENT_COMMANDS,
             policy: Mutex::new(None),
+            secrets_dir: None,
         }
     }
 
-    /// A runner that enforces `policy` on every command.
+    /// A runner that enforces `policy` on every command and resolves
+    /// secrets from the config dir the policy lives in.
     pub fn with_policy(policy: Policy) -> Self {
         let mut r = Self::new();
+        r.secrets_dir = policy.path.parent().map(|p| p.to_path_buf());
         if let Some(n) = policy.max_concurrency() {
             r.max_concurrency = n.min(limits::MAX_CONCURRENT_COMMANDS);
         }
@@ -167,39 +180,91 @@ impl Runner {
         }
     }
 
-    /// Asks the policy (re-read if the file changed) about a command.
+    /// Asks the policy (re-read if the file changed) about a command, then
+    /// puts secret values in place of their handles.
     fn plan(&self, req: &pb::ExecRequest) -> Result<Plan, (CommandState, String)> {
         let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
-        let Ok(mut guard) = self.policy.lock() else {
-            return Err((CommandState::Failed, "daemon policy state poisoned".into()));
+        let (cwd, timeout, scrub) = {
+            let Ok(mut guard) = self.policy.lock() else {
+                return Err((CommandState::Failed, "daemon policy state poisoned".into()));
+            };
+            match guard.as_mut() {
+                None => (
+                    (!req.cwd.is_empty()).then(|| std::path::PathBuf::from(&req.cwd)),
+                    timeout,
+                    Vec::new(),
+                ),
+                Some(policy) => {
+                    if let Some(e) = policy.reload_if_changed() {
+                        tracing::error!(
+                            "policy change ignored, keeping the previous policy: {e:#}"
+                        );
+                    }
+                    match policy.check(&req.argv, &req.shell, &req.cwd, &req.env, timeout) {
+                        Ok(Decision::Allow {
+                            cwd,
+                            timeout,
+                            scrub,
+                        }) => (Some(cwd), timeout, scrub),
+                        Ok(Decision::Deny { rule }) => {
+                            return Err((
+                                CommandState::Denied,
+                                format!("denied by local policy: {rule}"),
+                            ))
+                        }
+                        Err(msg) => return Err((CommandState::Failed, msg)),
+                    }
+                }
+            }
         };
-        let Some(policy) = guard.as_mut() else {
-            let cwd = (!req.cwd.is_empty()).then(|| std::path::PathBuf::from(&req.cwd));
-            return Ok(Plan {
-                cwd,
-                timeout,
-                scrub: Vec::new(),
-            });
+        let uses_secrets = |s: &str| s.contains("{{secret:");
+        let any = req.argv.iter().any(|a| uses_secrets(a))
+            || uses_secrets(&req.shell)
+            || req.env.values().any(|v| uses_secrets(v))
+            || String::from_utf8_lossy(&req.stdin).contains("{{secret:");
+        let secrets = match &self.secrets_dir {
+            Some(d) => crate::secrets::load_values(d)
+                .map_err(|e| (CommandState::Failed, format!("cannot read secrets: {e:#}")))?,
+            None => Default::default(),
         };
-        if let Some(e) = policy.reload_if_changed() {
-            tracing::error!("policy change ignored, keeping the previous policy: {e:#}");
-        }
-        match policy.check(&req.argv, &req.shell, &req.cwd, &req.env, timeout) {
-            Ok(Decision::Allow {
-                cwd,
-                timeout,
-                scrub,
-            }) => Ok(Plan {
-                cwd: Some(cwd),
-                timeout,
-                scrub,
-            }),
-            Ok(Decision::Deny { rule }) => Err((
-                CommandState::Denied,
-                format!("denied by local policy: {rule}"),
-            )),
-            Err(msg) => Err((CommandState::Failed, msg)),
-        }
+        let sub = |s: &str| {
+            crate::secrets::substitute(s, &secrets).map_err(|e| (CommandState::Failed, e))
+        };
+        let (argv, shell, env, stdin) = if any {
+            let argv = req
+                .argv
+                .iter()
+                .map(|a| sub(a))
+                .collect::<Result<Vec<_>, _>>()?;
+            let shell = sub(&req.shell)?;
+            let env = req
+                .env
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), sub(v)?)))
+                .collect::<Result<HashMap<_, _>, (CommandState, String)>>()?;
+            let stdin = match std::str::from_utf8(&req.stdin) {
+                Ok(t) if t.contains("{{secret:") => sub(t)?.into_bytes(),
+                _ => req.stdin.clone(),
+            };
+            (argv, shell, env, stdin)
+        } else {
+            (
+                req.argv.clone(),
+                req.shell.clone(),
+                req.env.clone(),
+                req.stdin.clone(),
+            )
+        };
+        Ok(Plan {
+            cwd,
+            timeout,
+            scrub,
+            argv,
+            shell,
+            env,
+            stdin,
+            secrets,
+        })
     }
 
     /// (running, held) command IDs for Hello.
@@ -368,13 +433,29 @@ const SIGKILL: i32 = 9;
 #[cfg(not(unix))]
 fn kill_group(_pgid: u32, _sig: i32) {}
 
-async fn pump<R: tokio::io::AsyncRead + Unpin>(entry: Arc<Entry>, mut r: R, stderr: bool) {
-    let mut buf = vec![0u8; limits::MAX_OUTPUT_CHUNK_BYTES];
+async fn pump<R: tokio::io::AsyncRead + Unpin>(
+    entry: Arc<Entry>,
+    mut r: R,
+    stderr: bool,
+    mut scrub: Scrubber,
+) {
+    let mut raw = vec![0u8; limits::MAX_OUTPUT_CHUNK_BYTES];
     loop {
-        let n = match r.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let n: usize = r.read(&mut raw).await.unwrap_or_default();
+        // Secret values never leave the machine, even split across reads.
+        let buf = if n == 0 {
+            scrub.finish()
+        } else {
+            scrub.push(&raw[..n])
         };
+        let done = n == 0;
+        let n = buf.len();
+        if n == 0 {
+            if done {
+                return;
+            }
+            continue;
+        }
         if let Ok(mut o) = entry.output.lock() {
             let used = (o.stdout.len() + o.stderr.len()) as u64;
             let room = limits::MAX_COMMAND_OUTPUT_BYTES.saturating_sub(used) as usize;
@@ -386,16 +467,19 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(entry: Arc<Entry>, mut r: R, stde
             dst.extend_from_slice(&buf[..take]);
         }
         entry.bump();
+        if done {
+            return;
+        }
     }
 }
 
 async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb::Exit {
     let t0 = Instant::now();
-    let mut cmd = if !req.shell.is_empty() {
+    let mut cmd = if !plan.shell.is_empty() {
         let mut c = tokio::process::Command::new("sh");
-        c.arg("-c").arg(&req.shell);
+        c.arg("-c").arg(&plan.shell);
         c
-    } else if let Some((prog, args)) = req.argv.split_first() {
+    } else if let Some((prog, args)) = plan.argv.split_first() {
         let mut c = tokio::process::Command::new(prog);
         c.args(args);
         c
@@ -416,7 +500,7 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb
         }
         cmd.current_dir(cwd);
     }
-    cmd.envs(&req.env);
+    cmd.envs(&plan.env);
     for k in &plan.scrub {
         cmd.env_remove(k);
     }
@@ -434,6 +518,7 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb
         Ok(c) => c,
         Err(e) => {
             let what = req.argv.first().map(String::as_str).unwrap_or("sh");
+            drop(plan);
             return exit_record(
                 CommandState::Failed,
                 format!("cannot start {what:?}: {e}"),
@@ -449,7 +534,7 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb
     }
     entry.bump();
     if let Some(mut stdin) = child.stdin.take() {
-        let data = req.stdin.clone();
+        let data = plan.stdin.clone();
         tokio::spawn(async move {
             let _ = stdin.write_all(&data).await;
             let _ = stdin.shutdown().await;
@@ -458,11 +543,11 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb
     let out = child
         .stdout
         .take()
-        .map(|o| tokio::spawn(pump(entry.clone(), o, false)));
+        .map(|o| tokio::spawn(pump(entry.clone(), o, false, Scrubber::new(&plan.secrets))));
     let err = child
         .stderr
         .take()
-        .map(|e| tokio::spawn(pump(entry.clone(), e, true)));
+        .map(|e| tokio::spawn(pump(entry.clone(), e, true, Scrubber::new(&plan.secrets))));
 
     let timeout = plan.timeout;
     let mut cancel = entry.cancel.subscribe();

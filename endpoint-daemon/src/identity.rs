@@ -143,14 +143,26 @@ fn with_keyring<T: Send + 'static>(
 }
 
 fn keyring_get(user: &str) -> anyhow::Result<String> {
-    let user = user.to_string();
-    with_keyring(move || keyring::Entry::new(KEYRING_SERVICE, &user)?.get_password())
+    keyring_get_entry(KEYRING_SERVICE, user)
 }
 
 fn keyring_set(user: &str, secret: &str) -> anyhow::Result<()> {
-    let (user, secret) = (user.to_string(), secret.to_string());
+    keyring_set_entry(KEYRING_SERVICE, user, secret)
+}
+
+fn keyring_delete(user: &str) -> anyhow::Result<()> {
+    keyring_delete_entry(KEYRING_SERVICE, user)
+}
+
+pub(crate) fn keyring_get_entry(service: &str, user: &str) -> anyhow::Result<String> {
+    let (service, user) = (service.to_string(), user.to_string());
+    with_keyring(move || keyring::Entry::new(&service, &user)?.get_password())
+}
+
+pub(crate) fn keyring_set_entry(service: &str, user: &str, secret: &str) -> anyhow::Result<()> {
+    let (service, user, secret) = (service.to_string(), user.to_string(), secret.to_string());
     with_keyring(move || {
-        let e = keyring::Entry::new(KEYRING_SERVICE, &user)?;
+        let e = keyring::Entry::new(&service, &user)?;
         e.set_password(&secret)?;
         // Read back: some backends accept writes they cannot keep.
         if e.get_password()? != secret {
@@ -160,9 +172,9 @@ fn keyring_set(user: &str, secret: &str) -> anyhow::Result<()> {
     })
 }
 
-fn keyring_delete(user: &str) -> anyhow::Result<()> {
-    let user = user.to_string();
-    with_keyring(move || keyring::Entry::new(KEYRING_SERVICE, &user)?.delete_credential())
+pub(crate) fn keyring_delete_entry(service: &str, user: &str) -> anyhow::Result<()> {
+    let (service, user) = (service.to_string(), user.to_string());
+    with_keyring(move || keyring::Entry::new(&service, &user)?.delete_credential())
 }
 
 /// Stores a private key, returning where it went. `auto` falls back to the

@@ -15,6 +15,7 @@ pub mod exec;
 pub mod identity;
 pub mod pair;
 pub mod policy;
+pub mod secrets;
 pub mod tls;
 
 pub use byom_wire::{hostname, now_ms};

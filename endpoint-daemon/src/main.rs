@@ -54,12 +54,25 @@ enum Cmd {
     /// The local policy: what the server may run on this machine.
     #[command(subcommand)]
     Policy(PolicyCmd),
+    /// Secrets commands may use as {{secret:NAME}}; values never leave this machine.
+    #[command(subcommand)]
+    Secret(SecretCmd),
     /// Deregister from the server and wipe the local identity.
     Unpair {
         /// Wipe locally even if the server cannot be reached.
         #[arg(long)]
         force: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum SecretCmd {
+    /// Store a secret; the value is read from the terminal (not echoed) or stdin, never argv.
+    Set { name: String },
+    /// List secret names (never values).
+    Ls,
+    /// Delete a secret.
+    Rm { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -147,6 +160,7 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Status { json } => status(&dir, json),
         Cmd::Policy(p) => policy(&dir, p),
+        Cmd::Secret(c) => secret(&dir, c),
         Cmd::Unpair { force } => {
             let id = Identity::load(&dir)?;
             let r = rt.block_on(byom_daemon::conn::unpair(&dir, &id));
@@ -318,6 +332,81 @@ fn policy(dir: &std::path::Path, cmd: PolicyCmd) -> anyhow::Result<i32> {
                     println!("fails: {msg}");
                     Ok(2)
                 }
+            }
+        }
+    }
+}
+
+/// Reads a line from the terminal with echo off.
+#[cfg(unix)]
+fn read_hidden(prompt: &str) -> anyhow::Result<String> {
+    use std::io::{BufRead, Write};
+    use std::os::fd::AsRawFd;
+    let stdin = std::io::stdin();
+    let fd = stdin.as_raw_fd();
+    eprint!("{prompt}");
+    std::io::stderr().flush()?;
+    // SAFETY: termios calls on our own stdin; the old settings are restored.
+    let mut old: libc::termios = unsafe { std::mem::zeroed() };
+    let have = unsafe { libc::tcgetattr(fd, &mut old) } == 0;
+    if have {
+        let mut t = old;
+        t.c_lflag &= !libc::ECHO;
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &t) };
+    }
+    let mut line = String::new();
+    let r = stdin.lock().read_line(&mut line);
+    if have {
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &old) };
+    }
+    eprintln!();
+    r?;
+    Ok(line.trim_end_matches(['\n', '\r']).to_string())
+}
+
+#[cfg(not(unix))]
+fn read_hidden(prompt: &str) -> anyhow::Result<String> {
+    eprint!("{prompt}");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    Ok(line.trim_end_matches(['\n', '\r']).to_string())
+}
+
+fn secret(dir: &std::path::Path, cmd: SecretCmd) -> anyhow::Result<i32> {
+    use std::io::{IsTerminal, Read};
+    match cmd {
+        SecretCmd::Set { name } => {
+            let value = if std::io::stdin().is_terminal() {
+                read_hidden(&format!("value for {name}: "))?
+            } else {
+                let mut v = String::new();
+                std::io::stdin()
+                    .take(byom_daemon::secrets::MAX_VALUE_LEN as u64 + 2)
+                    .read_to_string(&mut v)?;
+                v.strip_suffix('\n')
+                    .map(|x| x.strip_suffix('\r').unwrap_or(x).to_string())
+                    .unwrap_or(v)
+            };
+            let kind = byom_daemon::secrets::set(dir, &name, &value)?;
+            let store = match kind {
+                identity::KeyStore::Keyring => "the OS keyring",
+                identity::KeyStore::File => "a 0600 file in the config dir",
+            };
+            println!("stored {name} in {store}; commands can use {{{{secret:{name}}}}}");
+            Ok(0)
+        }
+        SecretCmd::Ls => {
+            for n in byom_daemon::secrets::list(dir)? {
+                println!("{n}");
+            }
+            Ok(0)
+        }
+        SecretCmd::Rm { name } => {
+            if byom_daemon::secrets::remove(dir, &name)? {
+                println!("removed {name}");
+                Ok(0)
+            } else {
+                anyhow::bail!("no secret named {name}: see `byomd secret ls`")
             }
         }
     }

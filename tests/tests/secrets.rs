@@ -1,0 +1,135 @@
+//! Secrets by handle: substituted on the machine, scrubbed from output
+//! (also when a value is split across output chunks), never in the store.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use byom_tests::{bin, stderr, stdout, Daemon, Server};
+
+const T: Duration = Duration::from_secs(30);
+const VALUE: &str = "tok-9f8e7d6c5b4a";
+
+fn set_secret(d: &Daemon, name: &str, value: &str) {
+    let mut c = Command::new(bin("byomd"))
+        .arg("--config-dir")
+        .arg(&d.config_dir)
+        .args(["secret", "set", name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{value}\n").as_bytes())
+        .unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn secrets_are_substituted_and_scrubbed_and_never_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    set_secret(&d, "API_TOKEN", VALUE);
+    let ls = d.byomd(&["secret", "ls"]);
+    assert_eq!(stdout(&ls), "API_TOKEN\n");
+    d.start();
+    server.wait_online("lap", true, T);
+
+    // In argv, env and stdin; echoed back, scrubbed.
+    let out = server.byom(&[
+        "exec",
+        "lap",
+        "--env",
+        "T={{secret:API_TOKEN}}",
+        "--",
+        "sh",
+        "-c",
+        "echo \"arg=$0 env=$T\"; cat",
+        "{{secret:API_TOKEN}}",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "arg={{secret:API_TOKEN}} env={{secret:API_TOKEN}}\n"
+    );
+    // The command really saw the value: its length and a hash of it.
+    let out = server.byom(&[
+        "exec",
+        "lap",
+        "--sh",
+        "printf %s '{{secret:API_TOKEN}}' | wc -c",
+    ]);
+    assert_eq!(stdout(&out).trim(), VALUE.len().to_string());
+
+    // Split across two writes (and so two output chunks), on stderr too.
+    let half = VALUE.len() / 2;
+    let script = format!("printf %s '{}'; sleep 0.3; printf '%s\\n' '{}'; printf %s '{}' >&2; sleep 0.3; printf '%s\\n' '{}' >&2", &VALUE[..half], &VALUE[half..], &VALUE[..half], &VALUE[half..]);
+    let out = server.byom(&["exec", "lap", "--sh", &script]);
+    assert_eq!(stdout(&out), "{{secret:API_TOKEN}}\n");
+    assert_eq!(stderr(&out), "{{secret:API_TOKEN}}\n");
+
+    // Unknown secret: the command fails clearly and never runs.
+    let out = server.byom(&["exec", "lap", "--", "echo", "{{secret:NOPE}}"]);
+    assert_eq!(out.status.code(), Some(255));
+    assert!(
+        stderr(&out).contains("unknown secret") && stderr(&out).contains("byomd secret set NOPE"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The server and its store never saw the value.
+    drop(server);
+    let mut found = Vec::new();
+    for entry in walk(&dir.path().join("server")) {
+        if std::fs::read(&entry)
+            .map(|b| b.windows(VALUE.len()).any(|w| w == VALUE.as_bytes()))
+            .unwrap_or(false)
+        {
+            found.push(entry);
+        }
+    }
+    assert!(found.is_empty(), "secret value found in {found:?}");
+
+    // rm works; secrets file is private.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(d.config_dir.join("secrets.json"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(d.byomd(&["secret", "rm", "API_TOKEN"]).status.success());
+    assert!(!d.byomd(&["secret", "rm", "API_TOKEN"]).status.success());
+}
+
+#[test]
+fn secret_values_are_never_taken_from_argv() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::new(dir.path(), "daemon");
+    let out = d.byomd(&["secret", "set", "X", "value"]);
+    assert!(
+        !out.status.success(),
+        "a value on the command line must be refused"
+    );
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
