@@ -191,6 +191,7 @@ impl Api {
     fn decorate(&self, mut m: pb::Machine) -> pb::Machine {
         if let Some(live) = self.shared.live_machine(&m.id) {
             m.online = live.conn.close_reason().is_none();
+            m.paused = live.paused.load(std::sync::atomic::Ordering::SeqCst);
             m.running_commands = live.active_count() as u32;
         }
         if let Ok(p) = self.shared.store.pending_commands(&m.id) {

@@ -363,7 +363,7 @@ pub fn machine_json(m: &pb::Machine) -> Value {
         "public_key_sha256": m.public_key_sha256, "token_id": m.token_id,
         "queued_commands": m.queued_commands, "running_commands": m.running_commands,
         "remote_addr": m.remote_addr, "offline_reason": m.offline_reason,
-        "policy_digest": m.policy_digest, "policy_summary": m.policy_summary,
+        "policy_digest": m.policy_digest, "policy_summary": m.policy_summary, "paused": m.paused,
     })
 }
 
@@ -515,6 +515,8 @@ fn or_dash(s: &str) -> String {
 fn status_of(m: &pb::Machine) -> String {
     if m.revoked {
         "revoked".into()
+    } else if m.online && m.paused {
+        "paused".into()
     } else if m.online {
         "online".into()
     } else {
@@ -620,7 +622,12 @@ fn print_machine(m: &pb::Machine, json: bool) {
         print_json(&machine_json(m));
         return;
     }
-    let status = if m.online {
+    let status = if m.online && m.paused {
+        format!(
+            "online from {}, paused by its owner (commands wait queued)",
+            m.remote_addr
+        )
+    } else if m.online {
         format!("online from {}", m.remote_addr)
     } else if m.revoked {
         format!("revoked {} ({})", ago(m.revoked_at_ms), m.offline_reason)

@@ -44,6 +44,8 @@ pub struct LiveMachine {
     pub active: Mutex<HashMap<String, mpsc::Sender<String>>>,
     /// Serializes dispatch decisions for this machine.
     pub dispatch_lock: tokio::sync::Mutex<()>,
+    /// The owner paused the daemon: dispatch nothing.
+    pub paused: std::sync::atomic::AtomicBool,
 }
 
 impl LiveMachine {
@@ -324,6 +326,7 @@ async fn serve_machine(
         connected_at_ms: now,
         active: Mutex::new(HashMap::new()),
         dispatch_lock: tokio::sync::Mutex::new(()),
+        paused: std::sync::atomic::AtomicBool::new(hello.paused),
     });
     let m = shared.store.update_machine(&machine.id, |m| {
         m.last_seen_ms = now;
@@ -336,6 +339,7 @@ async fn serve_machine(
         m.offline_reason.clear();
         m.policy_digest = hello.policy_digest.chars().take(64).collect();
         m.policy_summary = hello.policy_summary.chars().take(256).collect();
+        m.paused = hello.paused;
         for (k, v) in hello.labels.iter().take(limits::MAX_LABELS) {
             let ok = |s: &str| s.len() <= limits::MAX_NAME_LEN && !s.chars().any(char::is_control);
             if !k.is_empty() && ok(k) && ok(v) && m.labels.len() < limits::MAX_LABELS {
@@ -400,7 +404,7 @@ async fn serve_machine(
 
 /// Reads the control stream: heartbeats in, pongs out. Returns why it ended.
 async fn control_loop(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     live: &LiveMachine,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
@@ -428,6 +432,20 @@ async fn control_loop(
                         m.last_seen_ms = now_ms();
                         Ok(())
                     });
+                }
+            }
+            Some(to_server::Msg::Status(st)) => {
+                live.paused.store(st.paused, Ordering::SeqCst);
+                tracing::info!(machine = %live.machine_id, paused = st.paused, "daemon status");
+                let _ = shared.store.update_machine(&live.machine_id, |m| {
+                    m.paused = st.paused;
+                    Ok(())
+                });
+                if !st.paused {
+                    if let Some(l) = shared.live_machine(&live.machine_id) {
+                        let shared = shared.clone();
+                        tokio::spawn(async move { dispatch_queued(&shared, &l).await });
+                    }
                 }
             }
             _ => {
@@ -629,7 +647,7 @@ async fn reconcile(shared: &Arc<Shared>, live: &Arc<LiveMachine>, hello: &pb::He
 /// concurrency.
 pub async fn dispatch_queued(shared: &Arc<Shared>, live: &Arc<LiveMachine>) {
     let _guard = live.dispatch_lock.lock().await;
-    if live.conn.close_reason().is_some() {
+    if live.conn.close_reason().is_some() || live.paused.load(Ordering::SeqCst) {
         return;
     }
     let pending = match shared.store.pending_commands(&live.machine_id) {
@@ -830,6 +848,22 @@ async fn drive(
                 };
                 write_frame(&mut send, &ack).await?;
                 let _ = send.finish();
+                return Ok(());
+            }
+            Some(to_server::Msg::Error(e)) if e.code == "paused" => {
+                // Refused before it started: back in the queue until resume.
+                live.paused.store(true, Ordering::SeqCst);
+                shared.store.transition(
+                    &id,
+                    &[CommandState::Dispatched],
+                    CommandState::Queued,
+                    |c| {
+                        c.instance_id.clear();
+                        c.dispatched_at_ms = 0;
+                    },
+                )?;
+                shared.store.flush_async().await?;
+                shared.notify(&id);
                 return Ok(());
             }
             Some(to_server::Msg::Error(e)) => {

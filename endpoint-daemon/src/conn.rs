@@ -27,6 +27,8 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the certificate's remaining lifetime is checked.
 const RENEW_CHECK: Duration = Duration::from_secs(600);
 const STATUS_FILE: &str = "run.json";
+/// How often the owner's pause flag is looked at.
+const PAUSE_POLL: Duration = Duration::from_millis(250);
 
 /// What `byomd run` is doing, for `byomd status`. Not session state: only
 /// the connection state and the last error.
@@ -296,6 +298,7 @@ async fn session(
         labels: labels.iter().cloned().collect(),
         policy_digest,
         policy_summary,
+        paused: runner.is_paused(),
     };
     write_frame(
         &mut ctl_send,
@@ -324,7 +327,7 @@ async fn session(
     set_status(dir, "connected", server, "");
     let connected_at = Instant::now();
 
-    let heartbeat = heartbeat(&mut ctl_send, ctl_recv);
+    let heartbeat = heartbeat(&mut ctl_send, ctl_recv, runner);
     let streams = accept_streams(&conn, runner);
     let renewal = async {
         loop {
@@ -367,28 +370,33 @@ async fn session(
 /// Pings on the control stream; a server silent for HEARTBEAT_MISSES
 /// intervals is dead (a restarted server never answers on the old
 /// connection, and QUIC's idle timeout alone takes too long).
-async fn heartbeat(send: &mut quinn::SendStream, mut recv_owned: quinn::RecvStream) -> String {
+async fn heartbeat(
+    send: &mut quinn::SendStream,
+    mut recv_owned: quinn::RecvStream,
+    runner: &Runner,
+) -> String {
     let (tx, mut rx) = mpsc::channel::<()>(8);
-    let mut reader = {
-        // Reads must not be cancelled mid-frame, so they get their own task.
-        tokio::spawn(async move {
-            loop {
-                match read_frame::<ToDaemon>(&mut recv_owned).await {
-                    Ok(Some(_)) => {
-                        if tx.send(()).await.is_err() {
-                            return "heartbeat stopped".to_string();
-                        }
+    // Reads must not be cancelled mid-frame, so they get their own task.
+    let mut reader = tokio::spawn(async move {
+        loop {
+            match read_frame::<ToDaemon>(&mut recv_owned).await {
+                Ok(Some(_)) => {
+                    if tx.send(()).await.is_err() {
+                        return "heartbeat stopped".to_string();
                     }
-                    Ok(None) => return "server closed the control stream".to_string(),
-                    Err(e) => return format!("control stream failed: {e}"),
                 }
+                Ok(None) => return "server closed the control stream".to_string(),
+                Err(e) => return format!("control stream failed: {e}"),
             }
-        })
-    };
+        }
+    });
     let mut seq = 0u64;
     let mut last_heard = Instant::now();
+    let mut last_ping = Instant::now();
+    let mut paused = runner.is_paused();
     let dead_after = limits::HEARTBEAT_INTERVAL * limits::HEARTBEAT_MISSES;
-    let mut tick = tokio::time::interval(limits::HEARTBEAT_INTERVAL);
+    // Ticks often enough to notice `byomd pause` quickly; pings less often.
+    let mut tick = tokio::time::interval(PAUSE_POLL);
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -396,11 +404,24 @@ async fn heartbeat(send: &mut quinn::SendStream, mut recv_owned: quinn::RecvStre
                     reader.abort();
                     return format!("heartbeat lost: no answer from the server for {}s", dead_after.as_secs());
                 }
-                seq += 1;
-                let ping = ToServer { msg: Some(to_server::Msg::Ping(pb::Ping { seq })) };
-                if let Err(e) = write_frame(send, &ping).await {
-                    reader.abort();
-                    return format!("heartbeat failed: {e}");
+                let now_paused = runner.is_paused();
+                if now_paused != paused {
+                    paused = now_paused;
+                    tracing::info!("{}", if paused { "paused by the owner: no new commands" } else { "resumed by the owner" });
+                    let st = ToServer { msg: Some(to_server::Msg::Status(pb::DaemonStatus { paused })) };
+                    if let Err(e) = write_frame(send, &st).await {
+                        reader.abort();
+                        return format!("control stream failed: {e}");
+                    }
+                }
+                if last_ping.elapsed() >= limits::HEARTBEAT_INTERVAL {
+                    last_ping = Instant::now();
+                    seq += 1;
+                    let ping = ToServer { msg: Some(to_server::Msg::Ping(pb::Ping { seq })) };
+                    if let Err(e) = write_frame(send, &ping).await {
+                        reader.abort();
+                        return format!("heartbeat failed: {e}");
+                    }
                 }
             }
             Some(()) = rx.recv() => last_heard = Instant::now(),

@@ -123,8 +123,8 @@ pub struct Runner {
     pub max_concurrency: usize,
     /// The owner's local policy; `None` only in tests that run raw.
     policy: Mutex<Option<Policy>>,
-    /// Where secrets live (the config dir); `None`: no secrets.
-    secrets_dir: Option<std::path::PathBuf>,
+    /// The config dir (secrets, pause flag); `None`: neither.
+    config_dir: Option<std::path::PathBuf>,
 }
 
 /// How a command will run, once the policy said yes.
@@ -156,7 +156,7 @@ impl Runner {
             instance_id: format!("{}-{}", std::process::id(), crate::tls::hex(&r)),
             max_concurrency: limits::MAX_CONCURRENT_COMMANDS,
             policy: Mutex::new(None),
-            secrets_dir: None,
+            config_dir: None,
         }
     }
 
@@ -164,12 +164,19 @@ impl Runner {
     /// secrets from the config dir the policy lives in.
     pub fn with_policy(policy: Policy) -> Self {
         let mut r = Self::new();
-        r.secrets_dir = policy.path.parent().map(|p| p.to_path_buf());
+        r.config_dir = policy.path.parent().map(|p| p.to_path_buf());
         if let Some(n) = policy.max_concurrency() {
             r.max_concurrency = n.min(limits::MAX_CONCURRENT_COMMANDS);
         }
         r.policy = Mutex::new(Some(policy));
         r
+    }
+
+    /// The owner's kill switch: `<config-dir>/paused` exists.
+    pub fn is_paused(&self) -> bool {
+        self.config_dir
+            .as_ref()
+            .is_some_and(|d| crate::paused_flag(d).exists())
     }
 
     /// (digest, summary) of the policy in force, for Hello.
@@ -222,7 +229,7 @@ impl Runner {
             || uses_secrets(&req.shell)
             || req.env.values().any(|v| uses_secrets(v))
             || String::from_utf8_lossy(&req.stdin).contains("{{secret:");
-        let secrets = match &self.secrets_dir {
+        let secrets = match &self.config_dir {
             Some(d) => crate::secrets::load_values(d)
                 .map_err(|e| (CommandState::Failed, format!("cannot read secrets: {e:#}")))?,
             None => Default::default(),
@@ -323,6 +330,13 @@ impl Runner {
         }
         if t.seen.contains(&req.command_id) {
             return Admission::AlreadyRan;
+        }
+        if self.is_paused() {
+            // Not seen: the server queues it again and sends it after resume.
+            return Admission::Refused(
+                "paused",
+                "the machine's owner paused byomd (`byomd resume` to continue)".into(),
+            );
         }
         let running = t.entries.values().filter(|e| !e.is_finished()).count();
         if running >= self.max_concurrency {

@@ -19,3 +19,8 @@ pub mod secrets;
 pub mod tls;
 
 pub use byom_wire::{hostname, now_ms};
+
+/// The kill switch file `byomd pause` creates and `byomd resume` removes.
+pub fn paused_flag(config_dir: &std::path::Path) -> std::path::PathBuf {
+    config_dir.join("paused")
+}

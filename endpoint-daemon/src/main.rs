@@ -57,6 +57,10 @@ enum Cmd {
     /// Secrets commands may use as {{secret:NAME}}; values never leave this machine.
     #[command(subcommand)]
     Secret(SecretCmd),
+    /// Kill switch: accept no new commands (queued ones wait on the server).
+    Pause,
+    /// Accept commands again after `byomd pause`.
+    Resume,
     /// Deregister from the server and wipe the local identity.
     Unpair {
         /// Wipe locally even if the server cannot be reached.
@@ -161,6 +165,26 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Status { json } => status(&dir, json),
         Cmd::Policy(p) => policy(&dir, p),
         Cmd::Secret(c) => secret(&dir, c),
+        Cmd::Pause => {
+            Identity::load(&dir)?;
+            byom_wire::write_atomic(
+                &byom_daemon::paused_flag(&dir),
+                b"paused by the owner\n",
+                0o644,
+            )?;
+            println!("paused: byomd takes no new commands; running ones go on (`byomd resume` to continue)");
+            Ok(0)
+        }
+        Cmd::Resume => {
+            match std::fs::remove_file(byom_daemon::paused_flag(&dir)) {
+                Ok(()) => println!("resumed: byomd takes commands again"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    println!("byomd was not paused")
+                }
+                Err(e) => return Err(e.into()),
+            }
+            Ok(0)
+        }
         Cmd::Unpair { force } => {
             let id = Identity::load(&dir)?;
             let r = rt.block_on(byom_daemon::conn::unpair(&dir, &id));
@@ -219,8 +243,13 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
     let validity = byom_daemon::tls::cert_validity(&id.cert_pem);
     let run = byom_daemon::conn::RunStatus::load(dir).filter(|r| pid_alive(r.pid));
     let now = byom_daemon::now_ms();
+    let paused = byom_daemon::paused_flag(dir).exists();
     let connection = match (&run, id.revoked) {
         (_, true) => "revoked by the server: run `byomd unpair`, then pair again".to_string(),
+        (Some(r), _) if paused => format!(
+            "paused by you (`byomd resume` to continue); {} (pid {})",
+            r.state, r.pid
+        ),
         (None, _) => "not running: start `byomd run`".to_string(),
         (Some(r), _) if r.state == "connected" => format!(
             "connected since {}s (pid {})",
@@ -251,7 +280,7 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
             "machine_id": id.machine_id, "name": id.name, "server": id.server_addr,
             "cert_not_after_ms": validity.map(|v| v.0), "key_store": id.key_store,
             "config_dir": dir.display().to_string(), "revoked": id.revoked,
-            "running": run.is_some(), "state": run.as_ref().map(|r| r.state.clone()),
+            "running": run.is_some(), "state": run.as_ref().map(|r| r.state.clone()), "paused": paused,
             "last_error": run.as_ref().map(|r| r.last_error.clone()), "connection": connection,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);

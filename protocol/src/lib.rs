@@ -76,12 +76,15 @@ impl pb::CommandState {
         match (self, next) {
             (a, b) if a == b => false,
             (a, _) if a.is_terminal() => false,
-            (_, Unspecified | Queued) => false,
+            (_, Unspecified) => false,
+            (a, Queued) if a != Dispatched => false,
             (Queued, Dispatched) => true,
             // A queued command can be cancelled or expire without running.
             (Queued, Cancelled | Failed) => true,
             (Queued, _) => false,
             (Dispatched, Running) => true,
+            // The daemon refused it before starting (paused): queue again.
+            (Dispatched, Queued) => true,
             (Dispatched | Running, Exited | Failed | Cancelled | TimedOut | Lost) => true,
             (Dispatched, Denied) => true,
             _ => false,
@@ -114,6 +117,8 @@ mod tests {
         assert!(CommandState::Queued.can_become(CommandState::Dispatched));
         assert!(!CommandState::Queued.can_become(CommandState::Running));
         assert!(CommandState::Running.can_become(CommandState::Lost));
+        assert!(CommandState::Dispatched.can_become(CommandState::Queued));
+        assert!(!CommandState::Running.can_become(CommandState::Queued));
     }
 
     #[test]

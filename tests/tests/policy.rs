@@ -151,3 +151,34 @@ fn policy_show_and_check_explain_themselves() {
         stdout(&out)
     );
 }
+
+#[test]
+fn pause_holds_commands_on_the_server_until_resume() {
+    let (_dir, server, d) = setup();
+    assert!(d.byomd(&["pause"]).status.success());
+    wait_for("server sees paused", T, || {
+        (server.machine("lap")["paused"] == true).then_some(())
+    });
+    let id = server.detach("lap", &[], &["echo", "after resume"]);
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(
+        server.command(&id)["state"],
+        "queued",
+        "nothing is sent to a paused machine"
+    );
+    assert!(stdout(&server.byom(&["machines", "ls"])).contains("paused"));
+    assert!(stdout(&d.byomd(&["status"])).contains("paused by you"));
+    assert!(d.byomd(&["resume"]).status.success());
+    let c = server.wait_done(&id, T);
+    assert_eq!(c["stdout"], "after resume\n");
+    assert_eq!(server.machine("lap")["paused"], false);
+
+    // Racing the status update: a command sent just as the owner pauses is
+    // refused by the daemon before it starts and queued again.
+    assert!(d.byomd(&["pause"]).status.success());
+    let id = server.detach("lap", &[], &["echo", "raced"]);
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(server.command(&id)["state"], "queued");
+    assert!(d.byomd(&["resume"]).status.success());
+    assert_eq!(server.wait_done(&id, T)["stdout"], "raced\n");
+}
