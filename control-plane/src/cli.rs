@@ -981,6 +981,7 @@ async fn exec(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
     let interactive = std::io::stderr().is_terminal();
     let mut offsets = [0u64, 0u64];
     let mut cancels = 0u32;
+    let mut told_approval = false;
     let mut reconnects = 0u32;
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
@@ -1029,6 +1030,15 @@ async fn exec(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
                             stdout.write_all(&o.data)?;
                             stdout.flush()?;
                         }
+                    }
+                    Some(pb::command_event::Event::State(s))
+                        if s.state() == CommandState::AwaitingLocalApproval && !told_approval =>
+                    {
+                        told_approval = true;
+                        eprintln!(
+                            "byom: {} waits for the owner of {} to approve it on the machine (`byomd approve {}`)",
+                            s.id, m.name, s.id
+                        );
                     }
                     Some(pb::command_event::Event::State(s)) if s.state().is_terminal() => {
                         if a.json {

@@ -23,6 +23,13 @@ use crate::reconcile::Action;
 use crate::server::Shared;
 use byom_wire::{read_frame, write_frame, WireError};
 
+/// States of a command the daemon has (or may have) received.
+const ACTIVE: &[CommandState] = &[
+    CommandState::Dispatched,
+    CommandState::Running,
+    CommandState::AwaitingLocalApproval,
+];
+
 /// Time a new connection has to send its first frame.
 const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections being handshaken or paired at once.
@@ -584,6 +591,7 @@ pub async fn revoke_machine(
                 CommandState::Queued,
                 CommandState::Dispatched,
                 CommandState::Running,
+                CommandState::AwaitingLocalApproval,
             ],
             to,
             |c| {
@@ -620,15 +628,12 @@ async fn reconcile(shared: &Arc<Shared>, live: &Arc<LiveMachine>, hello: &pb::He
             Action::Attach => spawn_drive(shared, live, c.clone(), Mode::Attach),
             Action::Resend => spawn_drive(shared, live, c.clone(), Mode::Exec),
             Action::Lost => {
-                let r = shared.store.transition(
-                    &id,
-                    &[CommandState::Dispatched, CommandState::Running],
-                    CommandState::Lost,
-                    |c| {
+                let r = shared
+                    .store
+                    .transition(&id, ACTIVE, CommandState::Lost, |c| {
                         c.reason = crate::reconcile::LOST_REASON.into();
                         c.finished_at_ms = now;
-                    },
-                );
+                    });
                 if let Err(e) = r {
                     tracing::warn!(cmd = %id, "cannot mark lost: {e}");
                 }
@@ -778,7 +783,10 @@ async fn drive(
             Some(to_server::Msg::Started(s)) => {
                 shared.store.transition(
                     &id,
-                    &[CommandState::Dispatched],
+                    &[
+                        CommandState::Dispatched,
+                        CommandState::AwaitingLocalApproval,
+                    ],
                     CommandState::Running,
                     |c| {
                         c.pid = s.pid;
@@ -818,28 +826,23 @@ async fn drive(
                     s if s.is_terminal() => s,
                     _ => CommandState::Failed,
                 };
-                shared.store.transition(
-                    &id,
-                    &[CommandState::Dispatched, CommandState::Running],
-                    state,
-                    |c| {
-                        c.exit_code = x.exit_code;
-                        c.signal = x.signal;
-                        c.duration_ms = x.duration_ms;
-                        c.stdout_bytes = x.stdout_bytes;
-                        c.stderr_bytes = x.stderr_bytes;
-                        c.truncated = x.truncated;
-                        c.reason = x.reason.clone();
-                        if c.started_at_ms == 0 {
-                            c.started_at_ms = x.started_at_ms;
-                        }
-                        c.finished_at_ms = if x.finished_at_ms != 0 {
-                            x.finished_at_ms
-                        } else {
-                            now_ms()
-                        };
-                    },
-                )?;
+                shared.store.transition(&id, ACTIVE, state, |c| {
+                    c.exit_code = x.exit_code;
+                    c.signal = x.signal;
+                    c.duration_ms = x.duration_ms;
+                    c.stdout_bytes = x.stdout_bytes;
+                    c.stderr_bytes = x.stderr_bytes;
+                    c.truncated = x.truncated;
+                    c.reason = x.reason.clone();
+                    if c.started_at_ms == 0 {
+                        c.started_at_ms = x.started_at_ms;
+                    }
+                    c.finished_at_ms = if x.finished_at_ms != 0 {
+                        x.finished_at_ms
+                    } else {
+                        now_ms()
+                    };
+                })?;
                 // Durable before the daemon may forget the result.
                 shared.store.flush_async().await?;
                 shared.notify(&id);
@@ -849,6 +852,20 @@ async fn drive(
                 write_frame(&mut send, &ack).await?;
                 let _ = send.finish();
                 return Ok(());
+            }
+            Some(to_server::Msg::Approval(a)) => {
+                shared.store.transition(
+                    &id,
+                    &[CommandState::Dispatched],
+                    CommandState::AwaitingLocalApproval,
+                    |c| {
+                        c.reason = format!(
+                            "waiting for the machine's owner to approve it locally ({})",
+                            a.rule
+                        );
+                    },
+                )?;
+                shared.notify(&id);
             }
             Some(to_server::Msg::Error(e)) if e.code == "paused" => {
                 // Refused before it started: back in the queue until resume.
@@ -873,15 +890,10 @@ async fn drive(
                     "already_ran" => (CommandState::Lost, format!("the daemon already ran this command and no longer holds its result: {}", e.message)),
                     _ => (CommandState::Failed, format!("{}: {}", e.code, e.message)),
                 };
-                shared.store.transition(
-                    &id,
-                    &[CommandState::Dispatched, CommandState::Running],
-                    state,
-                    |c| {
-                        c.reason = reason.clone();
-                        c.finished_at_ms = now_ms();
-                    },
-                )?;
+                shared.store.transition(&id, ACTIVE, state, |c| {
+                    c.reason = reason.clone();
+                    c.finished_at_ms = now_ms();
+                })?;
                 shared.store.flush_async().await?;
                 shared.notify(&id);
                 return Ok(());

@@ -35,7 +35,14 @@ pub fn plan(pending: &[pb::Command], hello: &pb::Hello) -> Vec<(String, Action)>
         .collect();
     pending
         .iter()
-        .filter(|c| matches!(c.state(), CommandState::Dispatched | CommandState::Running))
+        .filter(|c| {
+            matches!(
+                c.state(),
+                CommandState::Dispatched
+                    | CommandState::Running
+                    | CommandState::AwaitingLocalApproval
+            )
+        })
         .map(|c| {
             let action = if known.contains(c.id.as_str()) {
                 Action::Attach

@@ -113,6 +113,9 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
     let _lock = lock_config_dir(&dir)?;
     // A policy that does not parse stops the daemon: never "anything goes".
     let policy = crate::policy::Policy::load(&dir)?;
+    // Approvals asked by an earlier daemon process are void: those commands
+    // are lost, never run.
+    crate::approvals::clear_all(&dir);
     tracing::info!(policy = %policy.path.display(), digest = %policy.digest, "local policy: {}", policy.summary());
     let runner = Arc::new(Runner::with_policy(policy));
     let mut backoff = limits::RECONNECT_BACKOFF_MIN;
@@ -543,9 +546,24 @@ async fn serve_entry(
     let _abort = AbortOnDrop(reader);
     let mut changed = entry.subscribe();
     let mut sent_started = false;
+    let mut sent_approval = false;
     loop {
         // Read exit before output: output is complete once exit is set.
         let exit = entry.exit();
+        if !sent_approval && !sent_started {
+            if let Some(rule) = entry.awaiting() {
+                if entry.started().is_none() {
+                    write_frame(
+                        &mut send,
+                        &ToServer {
+                            msg: Some(to_server::Msg::Approval(pb::LocalApproval { rule })),
+                        },
+                    )
+                    .await?;
+                }
+                sent_approval = true;
+            }
+        }
         if !sent_started {
             if let Some(s) = entry.started() {
                 write_frame(

@@ -42,6 +42,8 @@ pub struct Entry {
     output: Mutex<Output>,
     started: Mutex<Option<pb::Started>>,
     exit: Mutex<Option<pb::Exit>>,
+    /// Waiting for local approval under this rule.
+    awaiting: Mutex<Option<String>>,
     /// Bumped on every change; streams wait on it.
     changed: watch::Sender<u64>,
     cancel: watch::Sender<Option<String>>,
@@ -72,6 +74,10 @@ impl Entry {
     }
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
+    }
+    /// The rule this command waits on for local approval, if it does.
+    pub fn awaiting(&self) -> Option<String> {
+        self.awaiting.lock().ok().and_then(|a| a.clone())
     }
     pub fn started(&self) -> Option<pb::Started> {
         self.started.lock().ok().and_then(|s| *s)
@@ -139,6 +145,9 @@ struct Plan {
     stdin: Vec<u8>,
     /// Secret values to scrub from output.
     secrets: std::collections::BTreeMap<String, String>,
+    /// The policy rule that makes this command wait for local approval.
+    confirm: Option<String>,
+    config_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Runner {
@@ -191,7 +200,7 @@ impl Runner {
     /// puts secret values in place of their handles.
     fn plan(&self, req: &pb::ExecRequest) -> Result<Plan, (CommandState, String)> {
         let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
-        let (cwd, timeout, scrub) = {
+        let (cwd, timeout, scrub, confirm) = {
             let Ok(mut guard) = self.policy.lock() else {
                 return Err((CommandState::Failed, "daemon policy state poisoned".into()));
             };
@@ -200,6 +209,7 @@ impl Runner {
                     (!req.cwd.is_empty()).then(|| std::path::PathBuf::from(&req.cwd)),
                     timeout,
                     Vec::new(),
+                    None,
                 ),
                 Some(policy) => {
                     if let Some(e) = policy.reload_if_changed() {
@@ -212,7 +222,8 @@ impl Runner {
                             cwd,
                             timeout,
                             scrub,
-                        }) => (Some(cwd), timeout, scrub),
+                            confirm,
+                        }) => (Some(cwd), timeout, scrub, confirm),
                         Ok(Decision::Deny { rule }) => {
                             return Err((
                                 CommandState::Denied,
@@ -271,6 +282,8 @@ impl Runner {
             env,
             stdin,
             secrets,
+            confirm,
+            config_dir: self.config_dir.clone(),
         })
     }
 
@@ -360,6 +373,7 @@ impl Runner {
             output: Mutex::new(Output::default()),
             started: Mutex::new(None),
             exit: Mutex::new(None),
+            awaiting: Mutex::new(None),
             changed: watch::channel(0).0,
             cancel: watch::channel(None).0,
         });
@@ -487,7 +501,81 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
+/// Waits for the owner's `byomd approve|deny ID`. Ok: approved; Err: the
+/// exit record (denied or cancelled).
+async fn await_approval(
+    entry: &Arc<Entry>,
+    req: &pb::ExecRequest,
+    plan: &Plan,
+    rule: &str,
+) -> Result<(), pb::Exit> {
+    let t0 = Instant::now();
+    let Some(dir) = &plan.config_dir else {
+        return Err(exit_record(
+            CommandState::Denied,
+            "local approval needed but no config dir".into(),
+            t0,
+            0,
+        ));
+    };
+    let command = if req.shell.is_empty() {
+        req.argv.join(" ")
+    } else {
+        req.shell.clone()
+    };
+    let r = crate::approvals::Request {
+        id: entry.id.clone(),
+        command,
+        cwd: plan
+            .cwd
+            .as_ref()
+            .map(|c| c.display().to_string())
+            .unwrap_or_default(),
+        rule: rule.to_string(),
+        requested_at_ms: now_ms(),
+    };
+    if let Err(e) = crate::approvals::request(dir, &r) {
+        return Err(exit_record(
+            CommandState::Failed,
+            format!("cannot ask for local approval: {e:#}"),
+            t0,
+            0,
+        ));
+    }
+    tracing::warn!(cmd = %entry.id, "waiting for local approval: byomd approve {} (or deny)", entry.id);
+    if let Ok(mut a) = entry.awaiting.lock() {
+        *a = Some(rule.to_string());
+    }
+    entry.bump();
+    let mut cancel = entry.cancel.subscribe();
+    let result = loop {
+        if let Some(ok) = crate::approvals::answer(dir, &entry.id) {
+            break if ok {
+                Ok(())
+            } else {
+                Err(exit_record(
+                    CommandState::Denied,
+                    "denied by the machine's owner (byomd deny)".into(),
+                    t0,
+                    0,
+                ))
+            };
+        }
+        if let Some(reason) = cancel.borrow().clone() {
+            break Err(exit_record(CommandState::Cancelled, reason, t0, 0));
+        }
+        let _ = tokio::time::timeout(crate::approvals::POLL, cancel.changed()).await;
+    };
+    crate::approvals::clear(dir, &entry.id);
+    result
+}
+
 async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb::Exit {
+    if let Some(rule) = plan.confirm.clone() {
+        if let Err(exit) = await_approval(entry, &req, &plan, &rule).await {
+            return exit;
+        }
+    }
     let t0 = Instant::now();
     let mut cmd = if !plan.shell.is_empty() {
         let mut c = tokio::process::Command::new("sh");

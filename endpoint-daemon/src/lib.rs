@@ -10,6 +10,7 @@
 //! Key types: [`identity::Identity`], [`exec::Runner`] (runs and holds
 //! commands), [`conn::run`] (the reconnecting client), [`pair::pair`].
 
+pub mod approvals;
 pub mod conn;
 pub mod exec;
 pub mod identity;

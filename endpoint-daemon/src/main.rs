@@ -57,6 +57,15 @@ enum Cmd {
     /// Secrets commands may use as {{secret:NAME}}; values never leave this machine.
     #[command(subcommand)]
     Secret(SecretCmd),
+    /// Commands waiting for your approval (policy `commands.confirm`).
+    Pending {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Let a waiting command run.
+    Approve { id: String },
+    /// Refuse a waiting command; it ends as `denied`.
+    Deny { id: String },
     /// Kill switch: accept no new commands (queued ones wait on the server).
     Pause,
     /// Accept commands again after `byomd pause`.
@@ -165,6 +174,30 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Status { json } => status(&dir, json),
         Cmd::Policy(p) => policy(&dir, p),
         Cmd::Secret(c) => secret(&dir, c),
+        Cmd::Pending { json } => {
+            let p = byom_daemon::approvals::pending(&dir);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&p)?);
+            } else if p.is_empty() {
+                println!("no command is waiting for approval");
+            } else {
+                for r in p {
+                    println!("{}  {}  (in {}; {})", r.id, r.command, r.cwd, r.rule);
+                }
+                println!("approve with `byomd approve ID`, refuse with `byomd deny ID`");
+            }
+            Ok(0)
+        }
+        Cmd::Approve { id } => {
+            let r = byom_daemon::approvals::decide(&dir, &id, true)?;
+            println!("approved {}: {}", r.id, r.command);
+            Ok(0)
+        }
+        Cmd::Deny { id } => {
+            let r = byom_daemon::approvals::decide(&dir, &id, false)?;
+            println!("denied {}: {}", r.id, r.command);
+            Ok(0)
+        }
         Cmd::Pause => {
             Identity::load(&dir)?;
             byom_wire::write_atomic(
@@ -343,8 +376,15 @@ fn policy(dir: &std::path::Path, cmd: PolicyCmd) -> anyhow::Result<i32> {
                     cwd,
                     timeout,
                     scrub,
+                    confirm,
                 }) => {
-                    println!("allowed: runs in {}", cwd.display());
+                    match &confirm {
+                        Some(rule) => println!(
+                            "allowed after your approval (`byomd approve ID`): runs in {}; {rule}",
+                            cwd.display()
+                        ),
+                        None => println!("allowed: runs in {}", cwd.display()),
+                    }
                     if let Some(t) = timeout {
                         println!("  killed after {} at most", humantime::format_duration(t));
                     }

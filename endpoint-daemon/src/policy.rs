@@ -33,6 +33,9 @@ allow = []
 deny = ["sudo", "su", "doas", "pkexec", "passwd", "visudo", "chsh", "shutdown", "reboot"]
 # Full command lines that never run. Glob: * is any text, ? one character.
 deny_patterns = ["*rm -rf /", "*rm -rf / *", "*rm -rf /[*]*", "*rm -rf ~", "*rm -rf ~/", "*mkfs*", "*of=/dev/sd*", "*of=/dev/nvme*"]
+# Programs or command lines that wait for you: they start only after
+# `byomd approve ID` on this machine (`byomd pending` lists them).
+confirm = ["git push*", "*git push *", "npm publish*", "cargo publish*"]
 
 [dirs]
 # Commands run in, and may only be started in, a directory under one of these.
@@ -56,6 +59,9 @@ pub struct CommandRules {
     pub allow: Vec<String>,
     pub deny: Vec<String>,
     pub deny_patterns: Vec<String>,
+    /// Programs or full command lines (globs) that wait for the owner's
+    /// `byomd approve ID` before they start.
+    pub confirm: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -90,11 +96,13 @@ pub struct PolicyFile {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     /// Run it, in `cwd`, with `timeout` (the smaller of the request's and
-    /// the policy's), without the `scrubbed` environment variables.
+    /// the policy's), without the `scrubbed` environment variables; if
+    /// `confirm` names a rule, only after the owner approves it locally.
     Allow {
         cwd: PathBuf,
         timeout: Option<Duration>,
         scrub: Vec<String>,
+        confirm: Option<String>,
     },
     /// Never run it; `rule` names the rule that said no.
     Deny { rule: String },
@@ -368,6 +376,9 @@ impl Policy {
         if let Some(n) = self.file.limits.max_concurrency {
             parts.push(format!("max {n} at once"));
         }
+        if !c.confirm.is_empty() {
+            parts.push(format!("{} patterns need local approval", c.confirm.len()));
+        }
         let mut s = parts.join("; ");
         s.truncate(200);
         s
@@ -454,10 +465,16 @@ impl Policy {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let confirm = c
+            .confirm
+            .iter()
+            .find(|pat| glob(pat, &line) || progs.iter().any(|p| glob(pat, p)))
+            .map(|pat| format!("commands.confirm {pat:?} ({file})"));
         Ok(Decision::Allow {
             cwd: real,
             timeout,
             scrub,
+            confirm,
         })
     }
 }

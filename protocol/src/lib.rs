@@ -56,6 +56,7 @@ impl pb::CommandState {
             TimedOut => "timed_out",
             Lost => "lost",
             Denied => "denied",
+            AwaitingLocalApproval => "awaiting_local_approval",
         }
     }
 
@@ -63,7 +64,16 @@ impl pb::CommandState {
     pub fn parse(s: &str) -> Option<Self> {
         use pb::CommandState::*;
         [
-            Queued, Dispatched, Running, Exited, Failed, Cancelled, TimedOut, Lost, Denied,
+            Queued,
+            Dispatched,
+            Running,
+            Exited,
+            Failed,
+            Cancelled,
+            TimedOut,
+            Lost,
+            Denied,
+            AwaitingLocalApproval,
         ]
         .into_iter()
         .find(|st| st.name() == s)
@@ -87,6 +97,10 @@ impl pb::CommandState {
             (Dispatched, Queued) => true,
             (Dispatched | Running, Exited | Failed | Cancelled | TimedOut | Lost) => true,
             (Dispatched, Denied) => true,
+            (Dispatched, AwaitingLocalApproval) => true,
+            (AwaitingLocalApproval, Running | Denied | Cancelled | Failed | TimedOut | Lost) => {
+                true
+            }
             _ => false,
         }
     }
@@ -119,11 +133,21 @@ mod tests {
         assert!(CommandState::Running.can_become(CommandState::Lost));
         assert!(CommandState::Dispatched.can_become(CommandState::Queued));
         assert!(!CommandState::Running.can_become(CommandState::Queued));
+        assert!(CommandState::AwaitingLocalApproval.can_become(CommandState::Running));
+        assert!(!CommandState::AwaitingLocalApproval.can_become(CommandState::Queued));
     }
 
     #[test]
     fn names_round_trip() {
-        for s in ["queued", "running", "exited", "timed_out", "lost", "denied"] {
+        for s in [
+            "queued",
+            "running",
+            "exited",
+            "timed_out",
+            "lost",
+            "denied",
+            "awaiting_local_approval",
+        ] {
             assert_eq!(CommandState::parse(s).map(|x| x.name()), Some(s));
         }
         assert_eq!(CommandState::parse("bogus"), None);

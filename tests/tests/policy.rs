@@ -182,3 +182,66 @@ fn pause_holds_commands_on_the_server_until_resume() {
     assert!(d.byomd(&["resume"]).status.success());
     assert_eq!(server.wait_done(&id, T)["stdout"], "raced\n");
 }
+
+#[test]
+fn local_approval_approve_deny_cancel_and_restart() {
+    let (dir, server, mut d) = setup();
+    std::fs::write(
+        d.config_dir.join("policy.toml"),
+        format!(
+            "[commands]\nconfirm = [\"touch*\"]\n[dirs]\nroots = [\"{}\"]\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let marker = dir.path().join("approved-ran");
+    let m = marker.to_str().unwrap();
+    let waiting = |id: &str| {
+        wait_for("awaiting approval", T, || {
+            (server.command(id)["state"] == "awaiting_local_approval").then_some(())
+        })
+    };
+
+    // Approve.
+    let id = server.detach("lap", &[], &["touch", m]);
+    waiting(&id);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "nothing runs before approval");
+    let pending = stdout(&d.byomd(&["pending"]));
+    assert!(
+        pending.contains(&id) && pending.contains("touch"),
+        "{pending}"
+    );
+    assert!(d.byomd(&["approve", &id]).status.success());
+    assert_eq!(server.wait_done(&id, T)["state"], "exited");
+    assert!(marker.exists());
+
+    // Deny.
+    let id = server.detach("lap", &[], &["touch", &format!("{m}.2")]);
+    waiting(&id);
+    assert!(d.byomd(&["deny", &id]).status.success());
+    let c = server.wait_done(&id, T);
+    assert_eq!(c["state"], "denied");
+    assert!(c["reason"].as_str().unwrap().contains("owner"), "{c}");
+    assert!(!std::path::Path::new(&format!("{m}.2")).exists());
+    assert!(
+        !d.byomd(&["approve", &id]).status.success(),
+        "no longer pending"
+    );
+
+    // Cancel from the server while waiting.
+    let id = server.detach("lap", &[], &["touch", &format!("{m}.3")]);
+    waiting(&id);
+    assert!(server.byom(&["commands", "cancel", &id]).status.success());
+    assert_eq!(server.wait_done(&id, T)["state"], "cancelled");
+
+    // Daemon restart while waiting: lost, never run.
+    let id = server.detach("lap", &[], &["touch", &format!("{m}.4")]);
+    waiting(&id);
+    d.kill9();
+    d.start();
+    assert_eq!(server.wait_done(&id, T)["state"], "lost");
+    assert!(stdout(&d.byomd(&["pending"])).contains("no command"));
+    assert!(!std::path::Path::new(&format!("{m}.4")).exists());
+}
