@@ -203,6 +203,51 @@ impl Api {
         m
     }
 
+    /// The least busy online machine with all these labels (running +
+    /// queued commands, then name), skipping paused ones.
+    fn pick_by_labels(
+        &self,
+        want: &std::collections::HashMap<String, String>,
+    ) -> Result<pb::Machine, Status> {
+        let all = self.shared.store.list_machines().map_err(store_err)?;
+        let matching: Vec<pb::Machine> = all
+            .into_iter()
+            .filter(|m| !m.revoked && want.iter().all(|(k, v)| m.labels.get(k) == Some(v)))
+            .map(|m| self.decorate(m))
+            .collect();
+        let selector = {
+            let mut v: Vec<String> = want.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            v.sort();
+            v.join(",")
+        };
+        let best = matching
+            .iter()
+            .filter(|m| m.online && !m.paused)
+            .min_by_key(|m| (m.running_commands + m.queued_commands, m.name.clone()));
+        match best {
+            Some(m) => Ok(m.clone()),
+            None if matching.is_empty() => Err(Status::not_found(format!(
+                "no machine has the labels {selector}: see `byom machines ls`"
+            ))),
+            None => {
+                let names: Vec<String> = matching
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "{} ({})",
+                            m.name,
+                            if m.paused { "paused" } else { "offline" }
+                        )
+                    })
+                    .collect();
+                Err(Status::unavailable(format!(
+                    "no online machine has the labels {selector}; matching but unavailable: {}",
+                    names.join(", ")
+                )))
+            }
+        }
+    }
+
     fn command(&self, id: &str) -> Result<pb::Command, Status> {
         self.shared
             .store
@@ -412,7 +457,14 @@ impl Admin for Api {
     ) -> Result<Response<pb::CommandResponse>, Status> {
         let admin = caller(&req);
         let req = req.into_inner();
-        let m = self.machine(&req.machine)?;
+        let m =
+            match (req.machine.is_empty(), req.labels.is_empty()) {
+                (false, true) => self.machine(&req.machine)?,
+                (true, false) => self.pick_by_labels(&req.labels)?,
+                _ => return Err(Status::invalid_argument(
+                    "name a machine or give labels to pick one (byom exec --label k=v), not both",
+                )),
+            };
         if m.revoked {
             return Err(Status::failed_precondition(format!(
                 "machine {} was revoked; pair it again with a new token",

@@ -148,8 +148,12 @@ pub enum MachinesCmd {
 
 #[derive(Args, Debug)]
 pub struct ExecArgs {
-    /// Machine ID or name.
-    pub machine: String,
+    /// Machine ID or name (or use --label to pick one).
+    #[arg(required_unless_present = "labels")]
+    pub machine: Option<String>,
+    /// Run on the least busy online machine with this label (k=v, repeatable).
+    #[arg(long = "label", value_parser = parse_kv, conflicts_with = "machine")]
+    pub labels: Vec<(String, String)>,
     /// Kill the command after this long (e.g. 30s, 5m).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub timeout: Option<Duration>,
@@ -930,7 +934,8 @@ async fn exec(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
     }
     let cmd = c
         .create_command(pb::CreateCommandRequest {
-            machine: a.machine.clone(),
+            machine: a.machine.clone().unwrap_or_default(),
+            labels: a.labels.into_iter().collect(),
             argv: a.argv,
             shell: a.shell.unwrap_or_default(),
             cwd: a.cwd.unwrap_or_default(),

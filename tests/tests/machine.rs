@@ -593,3 +593,51 @@ fn server_crash_loop_runs_each_command_at_most_once() {
         );
     }
 }
+
+#[test]
+fn exec_by_label_picks_the_least_busy_online_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut a = Daemon::new(dir.path(), "a");
+    let mut b = Daemon::new(dir.path(), "b");
+    a.pair(&server.token(&["--label", "team=web"]), "web-a");
+    b.pair(&server.token(&["--label", "team=web"]), "web-b");
+    a.start();
+    b.start();
+    server.wait_online("web-a", true, T);
+    server.wait_online("web-b", true, T);
+    // Keep web-a busy: the next labelled command goes to web-b.
+    let busy = server.detach("web-a", &[], &["sleep", "30"]);
+    wait_for("busy", T, || {
+        (server.command(&busy)["state"] == "running").then_some(())
+    });
+    let out = server.byom(&["exec", "--label", "team=web", "--json", "--", "hostname"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let c: serde_json::Value =
+        serde_json::from_slice(&out.stdout[out.stdout.iter().position(|&x| x == b'{').unwrap()..])
+            .unwrap();
+    let b_id = server.machine("web-b")["id"].clone();
+    assert_eq!(c["machine_id"], b_id, "{c}");
+    let out = server.byom(&["exec", "--label", "team=nope", "--", "true"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no machine has the labels team=nope"),
+        "{}",
+        stderr(&out)
+    );
+    a.stop();
+    b.stop();
+    server.wait_online("web-a", false, T);
+    server.wait_online("web-b", false, T);
+    let out = server.byom(&["exec", "--label", "team=web", "--", "true"]);
+    assert!(
+        stderr(&out).contains("no online machine") && stderr(&out).contains("web-a (offline)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = server.byom(&["exec", "web-a", "--label", "team=web", "--", "true"]);
+    assert!(
+        !out.status.success(),
+        "machine and labels together are refused"
+    );
+}
