@@ -579,7 +579,7 @@ impl Admin for Api {
         let mut commands = self
             .shared
             .store
-            .list_commands(machine.as_deref(), state, limit)
+            .list_commands(machine.as_deref(), state, req.since_ms, limit)
             .map_err(store_err)?;
         for c in &mut commands {
             c.stdin.clear();

@@ -57,6 +57,9 @@ pub enum Cmd {
     /// Commands run or queued on machines.
     #[command(subcommand, alias = "command")]
     Commands(CommandsCmd),
+    /// Who ran what where: the command audit trail.
+    #[command(subcommand)]
+    Audit(AuditCmd),
     /// Show any object by ID (mch_…, cmd_…, tok_…) or a machine by name.
     Show {
         id: String,
@@ -184,6 +187,107 @@ pub struct ExecArgs {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum AuditCmd {
+    /// Commands with who asked, where, what, and how it ended; newest first.
+    Ls {
+        #[arg(long)]
+        machine: Option<String>,
+        /// Only since this long ago (e.g. 1h, 7d) or this RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_since(s: &str) -> anyhow::Result<u64> {
+    if let Ok(d) = humantime::parse_duration(s) {
+        return Ok(now_ms().saturating_sub(d.as_millis() as u64));
+    }
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .with_context(|| format!("--since {s:?}: use a duration (1h, 7d) or an RFC 3339 time"))?;
+    Ok((t.unix_timestamp_nanos() / 1_000_000).max(0) as u64)
+}
+
+async fn audit(c: &mut Client, cmd: AuditCmd) -> anyhow::Result<i32> {
+    let AuditCmd::Ls {
+        machine,
+        since,
+        limit,
+        json,
+    } = cmd;
+    let since_ms = match since {
+        Some(s) => parse_since(&s)?,
+        None => 0,
+    };
+    let r = c
+        .list_commands(pb::ListCommandsRequest {
+            machine: machine.unwrap_or_default(),
+            state: 0,
+            limit,
+            since_ms,
+        })
+        .await?
+        .into_inner();
+    if json {
+        let v: Vec<Value> = r
+            .commands
+            .iter()
+            .map(|x| {
+                json!({
+                    "id": x.id, "requested_by": x.requested_by, "machine_id": x.machine_id,
+                    "command": command_line(x), "cwd": x.cwd, "created_at": rfc3339(x.created_at_ms),
+                    "started_at": rfc3339(x.started_at_ms), "finished_at": rfc3339(x.finished_at_ms),
+                    "state": x.state().name(), "exit_code": x.exit_code, "signal": x.signal,
+                    "stdout_bytes": x.stdout_bytes, "stderr_bytes": x.stderr_bytes, "reason": x.reason,
+                })
+            })
+            .collect();
+        print_json(&Value::Array(v));
+        return Ok(0);
+    }
+    let names: HashMap<String, String> = c
+        .list_machines(pb::ListMachinesRequest {
+            include_revoked: true,
+        })
+        .await?
+        .into_inner()
+        .machines
+        .into_iter()
+        .map(|m| (m.id, m.name))
+        .collect();
+    table(
+        &[
+            "WHEN", "WHO", "MACHINE", "RESULT", "OUT/ERR", "CWD", "COMMAND",
+        ],
+        r.commands
+            .iter()
+            .map(|x| {
+                vec![
+                    ago(x.created_at_ms),
+                    or_dash(&x.requested_by),
+                    names
+                        .get(&x.machine_id)
+                        .cloned()
+                        .unwrap_or_else(|| x.machine_id.clone()),
+                    if x.state().is_terminal() {
+                        outcome(x)
+                    } else {
+                        x.state().name().to_string()
+                    },
+                    format!("{}/{}", x.stdout_bytes, x.stderr_bytes),
+                    or_dash(&x.cwd),
+                    command_line(x),
+                ]
+            })
+            .collect(),
+    );
+    Ok(0)
+}
+
+#[derive(Subcommand, Debug)]
 pub enum CommandsCmd {
     /// List commands, newest first.
     Ls {
@@ -279,6 +383,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Cmd::Machines(m) => machines(&mut c, m).await,
                 Cmd::Exec(e) => exec(&mut c, e).await,
                 Cmd::Commands(x) => commands(&mut c, x).await,
+                Cmd::Audit(x) => audit(&mut c, x).await,
                 Cmd::Show { id, json } => show(&mut c, &id, json).await,
                 Cmd::Server(_) | Cmd::Demo(_) | Cmd::Js(_) => unreachable!("handled above"),
             }
@@ -693,6 +798,7 @@ async fn commands(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
                     machine: machine.unwrap_or_default(),
                     state: state as i32,
                     limit,
+                    since_ms: 0,
                 })
                 .await?
                 .into_inner();

@@ -745,6 +745,7 @@ async fn drive(
             env: cmd.env.clone(),
             stdin: cmd.stdin.clone(),
             timeout_ms: cmd.timeout_ms,
+            requested_by: cmd.requested_by.clone(),
         }),
         Mode::Attach => to_daemon::Msg::Attach(pb::AttachRequest {
             command_id: cmd.id.clone(),

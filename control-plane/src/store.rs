@@ -588,10 +588,13 @@ impl Store {
     }
 
     /// Newest first.
+    /// Newest first, stopping at commands created before `since_ms` (IDs
+    /// sort by creation time).
     pub fn list_commands(
         &self,
         machine: Option<&str>,
         state: Option<CommandState>,
+        since_ms: u64,
         limit: usize,
     ) -> Result<Vec<pb::Command>> {
         let mut out = Vec::new();
@@ -609,6 +612,9 @@ impl Store {
             for (k, v) in page {
                 let c: pb::Command = decode(&String::from_utf8_lossy(&k), &v)?;
                 cursor = Some(k);
+                if c.created_at_ms < since_ms {
+                    return Ok(out);
+                }
                 if machine.is_some_and(|m| c.machine_id != m) {
                     continue;
                 }

@@ -382,6 +382,25 @@ impl Runner {
         let plan = self.plan(&req);
         let runner = self.clone();
         let e = entry.clone();
+        let audit = crate::audit::Record {
+            at_ms: 0,
+            id: req.command_id.clone(),
+            requested_by: req.requested_by.clone(),
+            command: if req.shell.is_empty() {
+                req.argv.join(" ")
+            } else {
+                req.shell.clone()
+            },
+            cwd: req.cwd.clone(),
+            state: String::new(),
+            exit_code: None,
+            signal: None,
+            duration_ms: 0,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            reason: String::new(),
+        };
+        let audit_dir = self.config_dir.clone();
         tokio::spawn(async move {
             let exit = match plan {
                 Ok(plan) => run_process(&e, req, plan).await,
@@ -390,6 +409,23 @@ impl Runner {
                     exit_record(state, reason, Instant::now(), 0)
                 }
             };
+            if let Some(dir) = &audit_dir {
+                let state = pb::CommandState::try_from(exit.state)
+                    .map(|s| s.name())
+                    .unwrap_or("unknown");
+                let rec = crate::audit::Record {
+                    at_ms: now_ms(),
+                    state: state.to_string(),
+                    exit_code: exit.exit_code,
+                    signal: exit.signal,
+                    duration_ms: exit.duration_ms,
+                    stdout_bytes: exit.stdout_bytes,
+                    stderr_bytes: exit.stderr_bytes,
+                    reason: exit.reason.clone(),
+                    ..audit
+                };
+                crate::audit::append(dir, &rec);
+            }
             if let Ok(mut x) = e.exit.lock() {
                 *x = Some(exit);
             }

@@ -11,6 +11,7 @@
 //! commands), [`conn::run`] (the reconnecting client), [`pair::pair`].
 
 pub mod approvals;
+pub mod audit;
 pub mod conn;
 pub mod exec;
 pub mod identity;

@@ -57,6 +57,14 @@ enum Cmd {
     /// Secrets commands may use as {{secret:NAME}}; values never leave this machine.
     #[command(subcommand)]
     Secret(SecretCmd),
+    /// What ran on this machine (the local audit log), newest last.
+    Log {
+        /// How many entries.
+        #[arg(short = 'n', long, default_value_t = 50)]
+        lines: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Commands waiting for your approval (policy `commands.confirm`).
     Pending {
         #[arg(long)]
@@ -174,6 +182,34 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Status { json } => status(&dir, json),
         Cmd::Policy(p) => policy(&dir, p),
         Cmd::Secret(c) => secret(&dir, c),
+        Cmd::Log { lines, json } => {
+            let recs = byom_daemon::audit::tail(&dir, lines);
+            for r in recs {
+                if json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    let result = match (r.exit_code, r.signal) {
+                        (Some(c), _) if r.state == "exited" => format!("exit {c}"),
+                        (None, Some(s)) if r.state == "exited" => format!("signal {s}"),
+                        _ => r.state.clone(),
+                    };
+                    let when = time_of(r.at_ms);
+                    println!(
+                        "{when}  {}  {:<10}  by {}  in {}  {}",
+                        r.id,
+                        result,
+                        if r.requested_by.is_empty() {
+                            "-"
+                        } else {
+                            &r.requested_by
+                        },
+                        if r.cwd.is_empty() { "-" } else { &r.cwd },
+                        r.command
+                    );
+                }
+            }
+            Ok(0)
+        }
         Cmd::Pending { json } => {
             let p = byom_daemon::approvals::pending(&dir);
             if json {
@@ -479,4 +515,25 @@ fn secret(dir: &std::path::Path, cmd: SecretCmd) -> anyhow::Result<i32> {
             }
         }
     }
+}
+
+fn time_of(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (d, s) = (secs / 86400, secs % 86400);
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = d as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        s / 3600,
+        (s % 3600) / 60,
+        s % 60
+    )
 }

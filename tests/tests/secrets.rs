@@ -133,3 +133,66 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[test]
+fn audit_trail_on_the_server_and_on_the_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    set_secret(&d, "PW", VALUE);
+    d.start();
+    server.wait_online("lap", true, T);
+    assert!(server
+        .byom(&[
+            "exec",
+            "lap",
+            "--cwd",
+            "/tmp",
+            "--",
+            "echo",
+            "{{secret:PW}}"
+        ])
+        .status
+        .success());
+    assert_eq!(
+        server
+            .byom(&["exec", "lap", "--", "sudo", "true"])
+            .status
+            .code(),
+        Some(126)
+    );
+    let a = server.json(&["audit", "ls", "--since", "1h"]);
+    let a = a.as_array().unwrap();
+    assert_eq!(a.len(), 2);
+    assert_eq!(a[1]["requested_by"], "admin:admin");
+    assert_eq!(a[1]["command"], "echo {{secret:PW}}");
+    assert_eq!(a[1]["cwd"], "/tmp");
+    assert_eq!(
+        a[1]["stdout_bytes"], 14,
+        "the scrubbed size: the handle, not the value"
+    );
+    assert_eq!(a[0]["state"], "denied");
+    assert!(server
+        .json(&["audit", "ls", "--since", "2999-01-01T00:00:00Z"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let table = stdout(&server.byom(&["audit", "ls", "--machine", "lap"]));
+    assert!(
+        table.contains("admin:admin") && table.contains("denied"),
+        "{table}"
+    );
+
+    let log = stdout(&d.byomd(&["log", "--json"]));
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert_eq!(lines[0]["command"], "echo {{secret:PW}}");
+    assert_eq!(lines[0]["requested_by"], "admin:admin");
+    assert_eq!(lines[1]["state"], "denied");
+    assert!(!log.contains(VALUE));
+    assert!(stdout(&d.byomd(&["log"])).contains("exit 0"));
+}
