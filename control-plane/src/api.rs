@@ -304,6 +304,18 @@ impl Admin for Api {
                 "bad name: use lower-case letters, digits, '-', '_' or '.'",
             ));
         }
+        let replace_machine = if req.replace.is_empty() {
+            String::new()
+        } else {
+            let m = self.machine(&req.replace)?;
+            if m.revoked {
+                return Err(Status::failed_precondition(format!(
+                    "{} is already revoked",
+                    m.name
+                )));
+            }
+            m.id
+        };
         let now = now_ms();
         let secret =
             PairingToken::generate(self.shared.pki.ca_sha256, self.shared.public_addr.clone());
@@ -314,6 +326,7 @@ impl Admin for Api {
             created_at_ms: now,
             expires_at_ms: now + ttl,
             secret_sha256: hex(&sha256(&secret.secret)),
+            replace_machine,
             ..Default::default()
         };
         self.shared.store.create_token(&token).map_err(store_err)?;

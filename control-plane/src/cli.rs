@@ -104,6 +104,10 @@ pub enum TokenCmd {
         /// Labels for the machine (k=v, repeatable).
         #[arg(long = "label", value_parser = parse_kv)]
         labels: Vec<(String, String)>,
+        /// Let a re-installed laptop take over machine M (`byomd pair --replace M`):
+        /// the old identity is revoked, the new one gets its name and labels.
+        #[arg(long, value_name = "M")]
+        replace: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -540,6 +544,7 @@ async fn token(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
             ttl,
             name,
             labels: l,
+            replace,
             json,
         } => {
             let r = c
@@ -547,6 +552,7 @@ async fn token(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
                     ttl_ms: ttl.as_millis() as u64,
                     name: name.unwrap_or_default(),
                     labels: l.into_iter().collect(),
+                    replace: replace.clone().unwrap_or_default(),
                 })
                 .await?
                 .into_inner();
@@ -557,8 +563,11 @@ async fn token(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
                 print_json(&v);
             } else {
                 println!("{}", r.secret);
+                let replace = replace
+                    .map(|m| format!(" --replace {m}"))
+                    .unwrap_or_default();
                 eprintln!(
-                    "\nOne-time token {} (expires {}). On the machine, run:\n  byomd pair {}",
+                    "\nOne-time token {} (expires {}). On the machine, run:\n  byomd pair{replace} {}",
                     t.id,
                     ago(t.expires_at_ms),
                     r.secret

@@ -278,6 +278,7 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
     println!("\n2. `byom token create --name demo-laptop --label demo=yes`");
     let tok = c
         .create_token(pb::CreateTokenRequest {
+            replace: String::new(),
             ttl_ms: 600_000,
             name: "demo-laptop".into(),
             labels: [("demo".to_string(), "yes".to_string())].into(),

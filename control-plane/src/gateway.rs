@@ -223,6 +223,37 @@ async fn pair(
         .pki
         .sign_machine(&req.csr_pem, &machine_id, shared.cert_ttl)
         .map_err(|e| ("bad_csr", e.to_string()))?;
+    // Replacing a machine needs a token made for exactly that machine.
+    let replaced = if req.replace.is_empty() {
+        None
+    } else {
+        let m = shared
+            .store
+            .resolve_machine(&req.replace)
+            .map_err(|e| internal(&e))?
+            .filter(|m| !m.revoked)
+            .ok_or_else(|| {
+                (
+                    "bad_replace",
+                    format!("no active machine {:?} to replace", req.replace),
+                )
+            })?;
+        Some(m)
+    };
+    if let Some(old) = &replaced {
+        match shared.store.get_token_by_secret(&secret_hash).map_err(|e| internal(&e))? {
+            Some(t) if t.replace_machine == old.id => {}
+            _ => {
+                return Err((
+                    "bad_replace",
+                    format!(
+                        "this token does not allow replacing {}: create one with `byom token create --replace {}`",
+                        old.name, old.name
+                    ),
+                ))
+            }
+        }
+    }
     let tok = match shared.store.redeem_token(&secret_hash, &machine_id, now) {
         Ok(Ok(t)) => t,
         Ok(Err(e)) => return Err(("token_rejected", e.to_string())),
@@ -236,10 +267,30 @@ async fn pair(
     } else {
         sanitize_name(&req.hostname)
     };
+    let mut labels = tok.labels.clone();
+    let name = match &replaced {
+        Some(old) => {
+            // Free the old name for the new identity; the old one is revoked below.
+            let short: String = old
+                .id
+                .chars()
+                .skip(old.id.len().saturating_sub(6))
+                .collect();
+            shared
+                .store
+                .rename_machine(&old.id, &format!("{}-replaced-{short}", old.name))
+                .map_err(|e| internal(&e))?;
+            for (k, v) in &old.labels {
+                labels.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            old.name.clone()
+        }
+        None => name,
+    };
     let mut m = pb::Machine {
         id: machine_id.clone(),
         name,
-        labels: tok.labels.clone(),
+        labels,
         created_at_ms: now,
         last_seen_ms: now,
         version: req.version.chars().take(64).collect(),
@@ -256,6 +307,11 @@ async fn pair(
         .create_machine(&mut m)
         .map_err(|e| internal(&e))?;
     shared.store.flush_async().await.map_err(|e| internal(&e))?;
+    if let Some(old) = &replaced {
+        revoke_machine(shared, &old.id, &format!("replaced by {machine_id}"))
+            .await
+            .map_err(|e| internal(&e))?;
+    }
     tracing::info!(machine = %machine_id, name = %m.name, %remote, token = %tok.id, "machine paired");
     Ok(pb::PairResponse {
         machine_id,

@@ -330,6 +330,13 @@ impl Store {
             .put(Space::Tokens, token.id.as_bytes(), &token.encode_to_vec())
     }
 
+    pub fn get_token_by_secret(&self, secret_sha256: &str) -> Result<Option<pb::Token>> {
+        match self.kv.get(Space::TokenSecrets, secret_sha256.as_bytes())? {
+            Some(id) => self.get_token(&String::from_utf8_lossy(&id)),
+            None => Ok(None),
+        }
+    }
+
     pub fn get_token(&self, id: &str) -> Result<Option<pb::Token>> {
         self.get_msg(Space::Tokens, id)
     }

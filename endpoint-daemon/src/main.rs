@@ -35,6 +35,10 @@ enum Cmd {
         /// Where to keep the private key.
         #[arg(long, env = "BYOMD_KEY_STORE", value_enum, default_value = "auto")]
         key_store: KeyStoreChoice,
+        /// Re-pair as machine M (a re-installed laptop): M is revoked and this
+        /// machine takes its name and labels. Needs `byom token create --replace M`.
+        #[arg(long, value_name = "M")]
+        replace: Option<String>,
     },
     /// Connect to the server and run commands (use as a service).
     Run {
@@ -144,6 +148,7 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             name,
             server,
             key_store,
+            replace,
         } => {
             let id = rt.block_on(byom_daemon::pair::pair(
                 &dir,
@@ -152,6 +157,7 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
                     name,
                     server,
                     key_store,
+                    replace,
                 },
             ))?;
             println!(

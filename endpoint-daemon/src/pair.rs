@@ -20,6 +20,8 @@ pub struct PairOptions {
     pub name: Option<String>,
     pub server: Option<String>,
     pub key_store: KeyStoreChoice,
+    /// Take over this machine (its name and labels); the token must allow it.
+    pub replace: Option<String>,
 }
 
 pub async fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
@@ -71,6 +73,7 @@ pub async fn pair(dir: &Path, opts: PairOptions) -> anyhow::Result<Identity> {
         os: std::env::consts::OS.into(),
         arch: std::env::consts::ARCH.into(),
         version: byom_protocol::VERSION.into(),
+        replace: opts.replace.clone().unwrap_or_default(),
     };
     let endpoint = client_endpoint(addr)?;
     let cfg = crate::tls::pairing_config(token.ca_sha256)?;

@@ -75,6 +75,7 @@ fn main() {
                         name: Some(format!("m{i}")),
                         server: None,
                         key_store: byom_daemon::identity::KeyStoreChoice::File,
+                        replace: None,
                     },
                 )
                 .await

@@ -641,3 +641,44 @@ fn exec_by_label_picks_the_least_busy_online_machine() {
         "machine and labels together are refused"
     );
 }
+
+#[test]
+fn pair_replace_takes_over_name_and_labels_and_revokes_the_old_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut old = Daemon::new(dir.path(), "old");
+    old.pair(&server.token(&["--label", "team=web"]), "lap");
+    old.start();
+    server.wait_online("lap", true, T);
+    let old_id = server.machine("lap")["id"].as_str().unwrap().to_string();
+
+    // A plain token cannot take over a machine.
+    let plain = server.token(&[]);
+    let out = Daemon::new(dir.path(), "x").byomd(&[
+        "pair",
+        &plain,
+        "--replace",
+        "lap",
+        "--key-store",
+        "file",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("byom token create --replace lap"),
+        "{}",
+        stderr(&out)
+    );
+
+    let tok = server.token(&["--replace", "lap"]);
+    let mut new = Daemon::new(dir.path(), "new");
+    let out = new.byomd(&["pair", &tok, "--replace", "lap", "--key-store", "file"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("old daemon stops", T, || old.exited());
+    new.start();
+    server.wait_online("lap", true, T);
+    let m = server.machine("lap");
+    assert_ne!(m["id"], old_id.as_str());
+    assert_eq!(m["labels"]["team"], "web");
+    assert_eq!(server.machine(&old_id)["revoked"], true);
+    assert!(server.byom(&["exec", "lap", "--", "true"]).status.success());
+}
