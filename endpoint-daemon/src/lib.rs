@@ -18,6 +18,7 @@ pub mod identity;
 pub mod pair;
 pub mod policy;
 pub mod secrets;
+pub mod service;
 pub mod tls;
 
 pub use byom_wire::{hostname, now_ms};

@@ -78,6 +78,9 @@ enum Cmd {
     Approve { id: String },
     /// Refuse a waiting command; it ends as `denied`.
     Deny { id: String },
+    /// Install byomd as a user service (systemd, launchd, Windows service).
+    #[command(subcommand)]
+    Service(ServiceCmd),
     /// Kill switch: accept no new commands (queued ones wait on the server).
     Pause,
     /// Accept commands again after `byomd pause`.
@@ -87,6 +90,44 @@ enum Cmd {
         /// Wipe locally even if the server cannot be reached.
         #[arg(long)]
         force: bool,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct ServiceOpts {
+    /// Print exactly what would be written and run, change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Render for another platform (with --dry-run).
+    #[arg(long, value_enum)]
+    platform: Option<byom_daemon::service::Platform>,
+}
+
+#[derive(Subcommand, Debug)]
+enum ServiceCmd {
+    /// Write the service definition and enable it (and start it unless --no-start).
+    Install {
+        #[command(flatten)]
+        opts: ServiceOpts,
+        #[arg(long)]
+        no_start: bool,
+    },
+    /// Stop and remove the service.
+    Uninstall {
+        #[command(flatten)]
+        opts: ServiceOpts,
+    },
+    Start {
+        #[command(flatten)]
+        opts: ServiceOpts,
+    },
+    Stop {
+        #[command(flatten)]
+        opts: ServiceOpts,
+    },
+    Status {
+        #[command(flatten)]
+        opts: ServiceOpts,
     },
 }
 
@@ -240,6 +281,7 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             println!("denied {}: {}", r.id, r.command);
             Ok(0)
         }
+        Cmd::Service(c) => service(&dir, c),
         Cmd::Pause => {
             Identity::load(&dir)?;
             byom_wire::write_atomic(
@@ -542,4 +584,39 @@ fn time_of(ms: u64) -> String {
         (s % 3600) / 60,
         s % 60
     )
+}
+
+fn service(dir: &std::path::Path, cmd: ServiceCmd) -> anyhow::Result<i32> {
+    use byom_daemon::service::{self as svc, Platform};
+    let (opts, action) = match &cmd {
+        ServiceCmd::Install { opts, .. } => (opts, "install"),
+        ServiceCmd::Uninstall { opts } => (opts, "uninstall"),
+        ServiceCmd::Start { opts } => (opts, "start"),
+        ServiceCmd::Stop { opts } => (opts, "stop"),
+        ServiceCmd::Status { opts } => (opts, "status"),
+    };
+    let platform = opts.platform.unwrap_or_else(Platform::current);
+    if !opts.dry_run && platform != Platform::current() {
+        anyhow::bail!("--platform other than this machine's only works with --dry-run");
+    }
+    let config_dir = (dir != identity::default_config_dir()).then_some(dir);
+    let plan = match cmd {
+        ServiceCmd::Install { no_start, .. } => {
+            let exe = std::env::current_exe()?;
+            svc::install_plan(platform, &exe, config_dir, !no_start)?
+        }
+        _ => svc::Plan {
+            files: Vec::new(),
+            commands: svc::control_commands(platform, action)?,
+            notes: Vec::new(),
+        },
+    };
+    svc::execute(&plan, opts.dry_run)?;
+    if action == "uninstall" && !opts.dry_run {
+        if let Some(f) = svc::service_file(platform)? {
+            let _ = std::fs::remove_file(&f);
+            println!("removed {}", f.display());
+        }
+    }
+    Ok(0)
 }
