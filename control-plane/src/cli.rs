@@ -84,6 +84,10 @@ pub struct ServerArgs {
     /// Admin gRPC API address (TLS, admin certificate required).
     #[arg(long, default_value = "127.0.0.1:7444")]
     pub listen_api: SocketAddr,
+    /// TCP address of the fallback for daemons whose UDP is blocked
+    /// (default: the QUIC port number, on TCP).
+    #[arg(long)]
+    pub listen_tcp: Option<SocketAddr>,
     /// HOST:PORT daemons should dial, written into pairing tokens.
     #[arg(long)]
     pub public_addr: Option<String>,
@@ -371,6 +375,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 data_dir: a.data_dir.unwrap_or_else(client::default_data_dir),
                 listen_quic: a.listen_quic,
                 listen_api: a.listen_api,
+                listen_tcp: a.listen_tcp,
                 public_addr: a.public_addr,
                 cert_ttl: a.cert_ttl,
             })
@@ -476,7 +481,7 @@ pub fn machine_json(m: &pb::Machine) -> Value {
         "public_key_sha256": m.public_key_sha256, "token_id": m.token_id,
         "queued_commands": m.queued_commands, "running_commands": m.running_commands,
         "remote_addr": m.remote_addr, "offline_reason": m.offline_reason,
-        "policy_digest": m.policy_digest, "policy_summary": m.policy_summary, "paused": m.paused,
+        "policy_digest": m.policy_digest, "policy_summary": m.policy_summary, "paused": m.paused, "transport": m.transport,
     })
 }
 
@@ -746,7 +751,15 @@ fn print_machine(m: &pb::Machine, json: bool) {
             m.remote_addr
         )
     } else if m.online {
-        format!("online from {}", m.remote_addr)
+        format!(
+            "online over {} from {}",
+            if m.transport.is_empty() {
+                "quic"
+            } else {
+                &m.transport
+            },
+            m.remote_addr
+        )
     } else if m.revoked {
         format!("revoked {} ({})", ago(m.revoked_at_ms), m.offline_reason)
     } else if m.offline_reason.is_empty() {

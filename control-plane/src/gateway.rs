@@ -77,7 +77,7 @@ fn error_frame(code: &str, message: impl Into<String>) -> ToDaemon {
     }
 }
 
-pub async fn serve(shared: Arc<Shared>, endpoint: quinn::Endpoint) {
+pub async fn serve(shared: Arc<Shared>, endpoint: quinn::Endpoint, transport: &'static str) {
     let limit = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTING));
     loop {
         let incoming = tokio::select! {
@@ -99,7 +99,7 @@ pub async fn serve(shared: Arc<Shared>, endpoint: quinn::Endpoint) {
                 }
             };
             drop(permit);
-            if let Err(e) = handle_connection(shared, conn.clone()).await {
+            if let Err(e) = handle_connection(shared, conn.clone(), transport).await {
                 tracing::debug!(%remote, "connection ended: {e}");
             }
         });
@@ -113,7 +113,11 @@ fn peer_certs(conn: &quinn::Connection) -> Option<Vec<rustls::pki_types::Certifi
         .map(|b| *b)
 }
 
-async fn handle_connection(shared: Arc<Shared>, conn: quinn::Connection) -> anyhow::Result<()> {
+async fn handle_connection(
+    shared: Arc<Shared>,
+    conn: quinn::Connection,
+    transport: &'static str,
+) -> anyhow::Result<()> {
     let certs = peer_certs(&conn);
     let Some(certs) = certs.filter(|c| !c.is_empty()) else {
         return serve_pairing(shared, conn).await;
@@ -146,7 +150,7 @@ async fn handle_connection(shared: Arc<Shared>, conn: quinn::Connection) -> anyh
         }
     };
     let expired = info.not_after_ms <= now_ms();
-    serve_machine(shared, conn, machine, expired).await
+    serve_machine(shared, conn, machine, expired, transport).await
 }
 
 // ───────────────────────── pairing ─────────────────────────
@@ -329,6 +333,7 @@ async fn serve_machine(
     conn: quinn::Connection,
     machine: pb::Machine,
     expired: bool,
+    transport: &'static str,
 ) -> anyhow::Result<()> {
     if expired {
         // Only renewal until it has a valid certificate again.
@@ -403,6 +408,7 @@ async fn serve_machine(
         m.policy_digest = hello.policy_digest.chars().take(64).collect();
         m.policy_summary = hello.policy_summary.chars().take(256).collect();
         m.paused = hello.paused;
+        m.transport = transport.to_string();
         for (k, v) in hello.labels.iter().take(limits::MAX_LABELS) {
             let ok = |s: &str| s.len() <= limits::MAX_NAME_LEN && !s.chars().any(char::is_control);
             if !k.is_empty() && ok(k) && ok(v) && m.labels.len() < limits::MAX_LABELS {
@@ -420,7 +426,7 @@ async fn serve_machine(
         prev.conn
             .close(close::REPLACED.into(), b"replaced by a newer connection");
     }
-    tracing::info!(machine = %m.id, name = %m.name, remote = %conn.remote_address(), instance = %hello.instance_id, "machine connected");
+    tracing::info!(machine = %m.id, name = %m.name, remote = %conn.remote_address(), %transport, instance = %hello.instance_id, "machine connected");
     write_frame(
         &mut ctl_send,
         &ToDaemon {

@@ -25,6 +25,9 @@ pub struct ServerOptions {
     pub data_dir: PathBuf,
     pub listen_quic: SocketAddr,
     pub listen_api: SocketAddr,
+    /// TCP address of the fallback transport (QUIC tunnelled in TLS over
+    /// TCP) for daemons whose UDP is blocked. Default: the QUIC port, on TCP.
+    pub listen_tcp: Option<SocketAddr>,
     /// Address daemons dial (goes into pairing tokens). Defaults to the bound
     /// QUIC address, with an unspecified IP replaced by this host's name.
     pub public_addr: Option<String>,
@@ -39,6 +42,7 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ServerInfo {
     pub quic_addr: String,
+    pub tcp_addr: String,
     pub api_addr: String,
     pub public_addr: String,
     pub ca_sha256: String,
@@ -104,6 +108,24 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot bind the API on {}", opts.listen_api))?;
     let api_addr = api_listener.local_addr()?;
+    // The fallback listens on the QUIC port number unless told otherwise, so
+    // a pairing token's address works for both.
+    let tcp_listener = match opts.listen_tcp {
+        Some(a) => tokio::net::TcpListener::bind(a)
+            .await
+            .with_context(|| format!("cannot bind the TCP fallback on {a}"))?,
+        None => match tokio::net::TcpListener::bind(quic_addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(
+                    "TCP port {} is taken ({e}); the TCP fallback uses another port",
+                    quic_addr.port()
+                );
+                tokio::net::TcpListener::bind(SocketAddr::new(quic_addr.ip(), 0)).await?
+            }
+        },
+    };
+    let tcp_addr = tcp_listener.local_addr()?;
 
     let public_addr = match &opts.public_addr {
         Some(a) => a.clone(),
@@ -150,8 +172,21 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     )?;
     let api_tls = crate::tls::api_server_config(&shared.pki)?;
 
+    let tunnel = Arc::new(byom_wire::tunnel::StreamSocket::new());
+    let tcp_endpoint = quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        Some(crate::tls::quic_server_config(
+            &shared.pki,
+            shared.revoked.clone(),
+        )?),
+        tunnel.clone(),
+        Arc::new(quinn::TokioRuntime),
+    )?;
+    let outer_tls = crate::tls::tunnel_server_config(&shared.pki)?;
+
     let info = ServerInfo {
         quic_addr: quic_addr.to_string(),
+        tcp_addr: tcp_addr.to_string(),
         api_addr: api_addr.to_string(),
         public_addr,
         ca_sha256: crate::pki::hex(&shared.pki.ca_sha256),
@@ -165,9 +200,24 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         &serde_json::to_vec_pretty(&serde_json::json!({ "api_addr": api_addr.to_string() }))?,
         0o644,
     )?;
-    tracing::info!(quic = %quic_addr, api = %api_addr, data_dir = %opts.data_dir.display(), "byom server listening");
+    tracing::info!(quic = %quic_addr, tcp = %tcp_addr, api = %api_addr, data_dir = %opts.data_dir.display(), "byom server listening");
 
-    let gw = tokio::spawn(crate::gateway::serve(shared.clone(), endpoint.clone()));
+    let gw = tokio::spawn(crate::gateway::serve(
+        shared.clone(),
+        endpoint.clone(),
+        "quic",
+    ));
+    let gw_tcp = tokio::spawn(crate::gateway::serve(
+        shared.clone(),
+        tcp_endpoint.clone(),
+        "tcp",
+    ));
+    let tcp_accept = tokio::spawn(accept_tunnels(
+        shared.clone(),
+        tcp_listener,
+        outer_tls,
+        tunnel,
+    ));
     let api = tokio::spawn(crate::api::serve(shared.clone(), api_listener, api_tls));
     let sweeper = tokio::spawn(sweep_queue(shared.clone()));
 
@@ -175,6 +225,9 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     tracing::info!("shutting down: work stays in the store");
     shared.shutdown.cancel();
     endpoint.close(0u32.into(), b"server shutting down");
+    tcp_endpoint.close(0u32.into(), b"server shutting down");
+    tcp_accept.abort();
+    gw_tcp.abort();
     let _ = tokio::time::timeout(Duration::from_secs(3), async {
         let _ = gw.await;
         let _ = api.await;
@@ -183,6 +236,50 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     .await;
     shared.store.flush_async().await?;
     Ok(())
+}
+
+/// TLS handshakes on the TCP fallback in progress at once.
+const MAX_TUNNEL_HANDSHAKES: usize = 256;
+
+/// Accepts TLS-over-TCP connections and attaches each to the tunnel socket
+/// the second QUIC endpoint reads from.
+async fn accept_tunnels(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    tls: rustls::ServerConfig,
+    tunnel: Arc<byom_wire::tunnel::StreamSocket>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_TUNNEL_HANDSHAKES));
+    loop {
+        let (tcp, remote) = tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("TCP fallback accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            continue;
+        };
+        let acceptor = acceptor.clone();
+        let tunnel = tunnel.clone();
+        tokio::spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(t)) => t,
+                    _ => return,
+                };
+            drop(permit);
+            tracing::debug!(%remote, "TCP fallback connection");
+            tunnel.attach(tls, remote.to_string());
+        });
+    }
 }
 
 async fn shutdown_signal() {

@@ -208,3 +208,19 @@ pub fn peer_role(certs: Option<&[CertificateDer<'_>]>) -> Option<(Role, pki::Cer
     let info = pki::inspect(first).ok()?;
     Some((info.role.clone()?, info))
 }
+
+/// ALPN of the TCP fallback's outer TLS layer.
+pub const TUNNEL_ALPN: &[u8] = b"byom-tcp/1";
+
+/// rustls config for the outer TLS of the TCP fallback: the server proves
+/// itself with the same certificate; the machine authenticates inside, in
+/// the tunnelled QUIC handshake.
+pub fn tunnel_server_config(pki: &Pki) -> anyhow::Result<rustls::ServerConfig> {
+    let (chain, key) = server_chain(pki);
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![TUNNEL_ALPN.to_vec()];
+    Ok(cfg)
+}

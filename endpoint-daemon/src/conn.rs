@@ -63,6 +63,95 @@ fn set_status(dir: &Path, state: &str, server: &str, err: &str) {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Quic,
+    Tcp,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Quic => "quic",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+/// How long QUIC may stay silent before the daemon tries TCP.
+const QUIC_FALLBACK_AFTER: Duration = Duration::from_secs(3);
+/// How often a daemon on the TCP fallback checks whether QUIC works again.
+const QUIC_PROBE_EVERY: Duration = Duration::from_secs(30);
+
+fn quic_probe_interval() -> Duration {
+    std::env::var("BYOMD_QUIC_PROBE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(QUIC_PROBE_EVERY)
+}
+
+enum QuicFail {
+    /// Nothing answered: UDP may be blocked.
+    NoAnswer,
+    /// The server answered and refused.
+    Refused(quinn::ConnectionError),
+    Other(anyhow::Error),
+}
+
+async fn connect_quic(
+    addr: std::net::SocketAddr,
+    cfg: quinn::ClientConfig,
+    wait: Duration,
+) -> Result<(quinn::Connection, quinn::Endpoint), QuicFail> {
+    let endpoint = crate::pair::client_endpoint(addr).map_err(QuicFail::Other)?;
+    let connecting = endpoint
+        .connect_with(cfg, addr, byom_protocol::SERVER_NAME)
+        .map_err(|e| QuicFail::Other(e.into()))?;
+    match tokio::time::timeout(wait, connecting).await {
+        Err(_) => Err(QuicFail::NoAnswer),
+        Ok(Err(quinn::ConnectionError::TimedOut)) => Err(QuicFail::NoAnswer),
+        Ok(Err(e)) => Err(QuicFail::Refused(e)),
+        Ok(Ok(c)) => Ok((c, endpoint)),
+    }
+}
+
+/// The TCP fallback: TLS 1.3 to the server (CA pinned), then QUIC through
+/// it, so everything above the connection stays the same.
+async fn connect_tcp(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    cfg: quinn::ClientConfig,
+) -> anyhow::Result<(quinn::Connection, quinn::Endpoint)> {
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .context("TCP connect timed out")??;
+    tcp.set_nodelay(true)?;
+    let tls = crate::tls::tunnel_client_config(ca_pem)?;
+    let name = rustls::pki_types::ServerName::try_from(byom_protocol::SERVER_NAME)?;
+    let stream = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio_rustls::TlsConnector::from(Arc::new(tls)).connect(name, tcp),
+    )
+    .await
+    .context("TLS handshake timed out")??;
+    let socket = Arc::new(byom_wire::tunnel::StreamSocket::new());
+    let peer = socket.attach(stream, addr.to_string());
+    let endpoint = quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        None,
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )?;
+    let conn = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        endpoint.connect_with(cfg, peer, byom_protocol::SERVER_NAME)?,
+    )
+    .await
+    .context("QUIC handshake over TCP timed out")??;
+    Ok((conn, endpoint))
+}
+
 enum End {
     /// Connection lost; reconnect. The bool says whether it was stable.
     Lost(String, bool),
@@ -253,23 +342,39 @@ async fn session(
     labels: &[(String, String)],
 ) -> anyhow::Result<End> {
     let addr = crate::pair::resolve(server).await?;
-    let endpoint = crate::pair::client_endpoint(addr)?;
     let cfg = crate::tls::machine_config(&ident.ca_pem, &ident.cert_pem, key)?;
-    let conn = match tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        endpoint.connect_with(cfg, addr, byom_protocol::SERVER_NAME)?,
-    )
-    .await
-    {
-        Err(_) => bail!("no answer within {CONNECT_TIMEOUT:?} (server down, or UDP blocked?)"),
-        Ok(Err(e)) => {
-            if let Some(why) = closed_for_good(&e) {
-                return Ok(End::Revoked(why));
+    // QUIC first; if UDP gets no answer, the same protocol tunnelled in TLS
+    // over TCP on the same port.
+    let (conn, _endpoint, transport) =
+        match connect_quic(addr, cfg.clone(), QUIC_FALLBACK_AFTER).await {
+            Ok((c, e)) => (c, e, Transport::Quic),
+            Err(QuicFail::Refused(e)) => {
+                if let Some(why) = closed_for_good(&e) {
+                    return Ok(End::Revoked(why));
+                }
+                return Err(e).context("handshake failed");
             }
-            return Err(e).context("handshake failed");
-        }
-        Ok(Ok(c)) => c,
-    };
+            Err(QuicFail::Other(e)) => return Err(e),
+            Err(QuicFail::NoAnswer) => {
+                tracing::info!(
+                    "no QUIC answer from {server} within {QUIC_FALLBACK_AFTER:?}: trying TCP"
+                );
+                match connect_tcp(addr, &ident.ca_pem, cfg).await {
+                    Ok((c, e)) => (c, e, Transport::Tcp),
+                    Err(e) => {
+                        if let Some(why) = e
+                            .downcast_ref::<quinn::ConnectionError>()
+                            .and_then(closed_for_good)
+                        {
+                            return Ok(End::Revoked(why));
+                        }
+                        return Err(e.context(
+                            "no answer over QUIC (UDP blocked?) and the TCP fallback failed",
+                        ));
+                    }
+                }
+            }
+        };
     let expired =
         crate::tls::cert_validity(&ident.cert_pem).is_none_or(|(na, _)| na <= crate::now_ms());
     if expired {
@@ -326,8 +431,13 @@ async fn session(
         Some(to_daemon::Msg::Error(e)) => bail!("the server refused Hello: {}", e.message),
         _ => bail!("unexpected reply to Hello"),
     };
-    tracing::info!(machine = %ident.machine_id, %name, %server, "connected");
-    set_status(dir, "connected", server, "");
+    tracing::info!(machine = %ident.machine_id, %name, %server, transport = transport.name(), "connected");
+    set_status(
+        dir,
+        &format!("connected over {}", transport.name()),
+        server,
+        "",
+    );
     let connected_at = Instant::now();
 
     let heartbeat = heartbeat(&mut ctl_send, ctl_recv, runner);
@@ -351,7 +461,25 @@ async fn session(
             tokio::time::sleep(wait).await;
         }
     };
+    // On the TCP fallback, keep looking for QUIC to move back to it.
+    let probe = async {
+        if transport == Transport::Quic {
+            return std::future::pending::<String>().await;
+        }
+        loop {
+            tokio::time::sleep(quic_probe_interval()).await;
+            let Ok(cfg) = crate::tls::machine_config(&ident.ca_pem, &ident.cert_pem, key) else {
+                continue;
+            };
+            if let Ok((c, e)) = connect_quic(addr, cfg, QUIC_FALLBACK_AFTER).await {
+                c.close(0u32.into(), b"probe");
+                e.wait_idle().await;
+                return "QUIC reachable again: moving back from the TCP fallback".to_string();
+            }
+        }
+    };
     let why = tokio::select! {
+        w = probe => return Ok(End::Lost(w, true)),
         w = heartbeat => w,
         w = streams => w,
         _ = renewal => "renewal loop ended".to_string(),

@@ -145,3 +145,17 @@ pub fn pem_der(pem: &str) -> anyhow::Result<CertificateDer<'static>> {
     use rustls::pki_types::pem::PemObject;
     Ok(CertificateDer::from_pem_slice(pem.as_bytes())?)
 }
+
+/// Outer TLS of the TCP fallback: server verified against the pinned CA,
+/// no client certificate (the machine authenticates in the QUIC inside).
+pub fn tunnel_client_config(ca_pem: &str) -> anyhow::Result<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes())?)?;
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"byom-tcp/1".to_vec()];
+    Ok(cfg)
+}

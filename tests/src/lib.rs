@@ -70,6 +70,8 @@ pub struct Server {
     pub data_dir: PathBuf,
     pub quic_addr: SocketAddr,
     pub api_addr: SocketAddr,
+    /// The TCP fallback's address.
+    pub tcp_addr: SocketAddr,
     pub extra_args: Vec<String>,
 }
 
@@ -84,6 +86,7 @@ impl Server {
             data_dir: dir.join("server"),
             quic_addr: "127.0.0.1:0".parse().unwrap(),
             api_addr: "127.0.0.1:0".parse().unwrap(),
+            tcp_addr: "127.0.0.1:0".parse().unwrap(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
         };
         s.launch();
@@ -121,6 +124,7 @@ impl Server {
         });
         self.quic_addr = info["quic_addr"].as_str().unwrap().parse().unwrap();
         self.api_addr = info["api_addr"].as_str().unwrap().parse().unwrap();
+        self.tcp_addr = info["tcp_addr"].as_str().unwrap().parse().unwrap();
     }
 
     /// `kill -9`: no chance to flush or say goodbye.
@@ -261,6 +265,7 @@ pub struct Daemon {
     log: PathBuf,
     pub server_override: Option<String>,
     pub run_args: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -271,6 +276,7 @@ impl Daemon {
             log: dir.join(format!("{name}.log")),
             server_override: None,
             run_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -309,6 +315,7 @@ impl Daemon {
             c.arg("--server").arg(s);
         }
         c.args(&self.run_args);
+        c.envs(self.env.iter().cloned());
         let child = c
             .env("BYOMD_LOG", "info,byom_daemon=debug")
             .stdin(Stdio::null())

@@ -79,3 +79,46 @@ impl Drop for UdpProxy {
         self.stop.set(true);
     }
 }
+
+/// A TCP forwarder on a given address (e.g. the UDP proxy's port number,
+/// so one "host:port" offers blocked UDP and working TCP).
+pub struct TcpForward {
+    stop: Flag,
+}
+
+impl TcpForward {
+    pub fn start(listen: SocketAddr, upstream: SocketAddr) -> TcpForward {
+        let l = std::net::TcpListener::bind(listen).expect("bind TCP forward");
+        l.set_nonblocking(true).unwrap();
+        let stop = Flag::default();
+        let st = stop.clone();
+        std::thread::spawn(move || {
+            while !st.get() {
+                match l.accept() {
+                    Ok((a, _)) => {
+                        let _ = a.set_nonblocking(false);
+                        let Ok(b) = std::net::TcpStream::connect(upstream) else {
+                            continue;
+                        };
+                        let (a2, b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+                        std::thread::spawn(move || pipe(a, b));
+                        std::thread::spawn(move || pipe(b2, a2));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        TcpForward { stop }
+    }
+}
+
+fn pipe(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+    let _ = std::io::copy(&mut from, &mut to);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+impl Drop for TcpForward {
+    fn drop(&mut self) {
+        self.stop.set(true);
+    }
+}

@@ -10,6 +10,7 @@
 //! [`hostname`], [`now_ms`].
 
 mod frames;
+pub mod tunnel;
 
 pub use frames::{read_frame, write_frame, WireError};
 

@@ -1,0 +1,48 @@
+//! When UDP is blocked the daemon falls back to the same protocol tunnelled
+//! in TLS over TCP, commands still run, and it moves back to QUIC once UDP
+//! works again.
+
+use std::time::Duration;
+
+use byom_tests::proxy::{TcpForward, UdpProxy};
+use byom_tests::{stdout, wait_for, Daemon, Server};
+
+const T: Duration = Duration::from_secs(60);
+
+#[test]
+fn udp_blocked_falls_back_to_tcp_and_moves_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    // One host:port: UDP through a proxy we can cut, TCP forwarded.
+    let udp = UdpProxy::start(server.quic_addr);
+    let _tcp = TcpForward::start(udp.addr, server.tcp_addr);
+    udp.cut.set(true);
+
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    d.server_override = Some(udp.addr.to_string());
+    d.env = vec![("BYOMD_QUIC_PROBE_SECS".into(), "1".into())];
+    d.start();
+    server.wait_online("lap", true, T);
+    assert_eq!(server.machine("lap")["transport"], "tcp");
+    let out = server.byom(&[
+        "exec",
+        "lap",
+        "--",
+        "sh",
+        "-c",
+        "echo over tcp; echo err >&2; exit 4",
+    ]);
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(stdout(&out), "over tcp\n");
+    assert!(stdout(&d.byomd(&["status"])).contains("connected over tcp"));
+
+    // UDP comes back: the daemon moves to QUIC by itself.
+    udp.cut.set(false);
+    wait_for("back on QUIC", T, || {
+        (server.machine("lap")["transport"] == "quic" && server.machine("lap")["online"] == true)
+            .then_some(())
+    });
+    let out = server.byom(&["exec", "lap", "--", "echo", "over quic"]);
+    assert_eq!(stdout(&out), "over quic\n");
+}
