@@ -117,13 +117,47 @@ fn sshd(dir: &Path) -> Option<(std::process::Child, Vec<String>)> {
     Some((child, args))
 }
 
+async fn round_trip(c: &mut byom_control_plane::client::Client, machine: &str) -> Duration {
+    let t = Instant::now();
+    let cmd = c
+        .create_command(pb::CreateCommandRequest {
+            machine: machine.into(),
+            argv: vec!["true".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .command
+        .unwrap();
+    let mut s = c
+        .watch_command(pb::WatchCommandRequest {
+            id: cmd.id,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    while let Some(ev) = s.message().await.unwrap() {
+        if let Some(pb::command_event::Event::State(st)) = ev.event {
+            if st.state().is_terminal() {
+                assert_eq!(st.state(), pb::CommandState::Exited);
+                break;
+            }
+        }
+    }
+    t.elapsed()
+}
+
 fn main() {
     let n: usize = std::env::var("BENCH_N")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    // A separate TCP port for the fallback, with nothing on its UDP side,
+    // gives a second machine a network where QUIC gets no answer.
+    let server = Server::start_with(dir.path(), &["--listen-tcp", "127.0.0.1:0"]);
     let mut d = Daemon::new(dir.path(), "daemon");
     d.pair(&server.token(&[]), "lap");
     d.start();
@@ -181,6 +215,35 @@ fn main() {
         v
     });
     rows.push(row("`true` via the API, established connection", api));
+
+    // The TCP fallback: a second machine whose UDP gets no answer.
+    let mut dt = Daemon::new(dir.path(), "daemon-tcp");
+    dt.pair(&server.token(&[]), "lap-tcp");
+    dt.server_override = Some(server.tcp_addr.to_string());
+    dt.start();
+    server.wait_online("lap-tcp", true, Duration::from_secs(60));
+    assert_eq!(server.machine("lap-tcp")["transport"], "tcp");
+    let (quic_rt, tcp_rt): (Vec<Duration>, Vec<Duration>) = rt.block_on(async {
+        let creds = byom_control_plane::client::load_creds(Some(&server.creds()), None).unwrap();
+        let mut c = byom_control_plane::client::connect(&creds).await.unwrap();
+        let mut q = Vec::new();
+        let mut t = Vec::new();
+        for i in 0..(n + 10) {
+            for (machine, out) in [("lap", &mut q), ("lap-tcp", &mut t)] {
+                let d = round_trip(&mut c, machine).await;
+                if i >= 10 {
+                    out.push(d);
+                }
+            }
+        }
+        (q, t)
+    });
+    let (q50, t50) = (
+        pct(&mut quic_rt.clone(), 0.5),
+        pct(&mut tcp_rt.clone(), 0.5),
+    );
+    let tcp_row = row("`true` via the API over the TCP fallback", tcp_rt);
+    let quic_row = row("`true` via the API over QUIC (same run)", quic_rt);
 
     let cli_n = (n / 3).max(10);
     let cli: Vec<Duration> = (0..cli_n)
@@ -242,6 +305,20 @@ fn main() {
     } else {
         println!("ssh comparison skipped: install openssh-server (Debian) to run it");
     }
+    println!("\ntransport (API round trip, interleaved on one server)");
+    for r in [&quic_row, &tcp_row] {
+        println!(
+            "{:<48} {:>6} {:>12} {:>12}",
+            r.name,
+            r.n,
+            ms(r.p50),
+            ms(r.p99)
+        );
+    }
+    println!(
+        "TCP fallback / QUIC p50: {:.2}x",
+        t50.as_secs_f64() / q50.as_secs_f64()
+    );
     if let Some((mut child, _)) = ssh {
         let _ = child.kill();
     }

@@ -113,7 +113,14 @@ impl TcpForward {
 }
 
 fn pipe(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
-    let _ = std::io::copy(&mut from, &mut to);
+    use std::io::{Read, Write};
+    // A plain loop: each read is forwarded at once.
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
     let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
