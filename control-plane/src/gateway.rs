@@ -350,7 +350,9 @@ async fn serve_machine(
         tokio::time::timeout(FIRST_FRAME_TIMEOUT, read_frame(&mut ctl_recv)).await??;
     let hello = match first.and_then(|f| f.msg) {
         Some(to_server::Msg::Hello(h)) => h,
-        Some(msg @ (to_server::Msg::Renew(_) | to_server::Msg::Unpair(_))) => {
+        Some(
+            msg @ (to_server::Msg::Renew(_) | to_server::Msg::Unpair(_) | to_server::Msg::Ping(_)),
+        ) => {
             // A one-off request connection (e.g. `byomd unpair`).
             respond(
                 &shared,
@@ -490,7 +492,10 @@ async fn control_loop(
         match frame.msg {
             Some(to_server::Msg::Ping(p)) => {
                 let pong = ToDaemon {
-                    msg: Some(to_daemon::Msg::Pong(pb::Pong { seq: p.seq })),
+                    msg: Some(to_daemon::Msg::Pong(pb::Pong {
+                        seq: p.seq,
+                        server_time_ms: now_ms(),
+                    })),
                 };
                 if let Err(e) = write_frame(send, &pong).await {
                     return format!("connection lost: {e}");
@@ -564,6 +569,12 @@ async fn respond(
                 msg: Some(to_daemon::Msg::Renew(pb::RenewResponse { cert_pem })),
             },
             Err(e) => error_frame("renew_failed", e),
+        },
+        Some(to_server::Msg::Ping(p)) => ToDaemon {
+            msg: Some(to_daemon::Msg::Pong(pb::Pong {
+                seq: p.seq,
+                server_time_ms: now_ms(),
+            })),
         },
         Some(to_server::Msg::Unpair(_)) if !renew_only => {
             match revoke_machine(shared, machine_id, "unpaired by the machine").await {

@@ -78,6 +78,8 @@ enum Cmd {
     Approve { id: String },
     /// Refuse a waiting command; it ends as `denied`.
     Deny { id: String },
+    /// Check the config, key, certificate, policy, clock and UDP/TCP reachability.
+    Doctor,
     /// Install byomd as a user service (systemd, launchd, Windows service).
     #[command(subcommand)]
     Service(ServiceCmd),
@@ -282,6 +284,22 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Service(c) => service(&dir, c),
+        Cmd::Doctor => {
+            let checks = rt.block_on(byom_daemon::conn::doctor(&dir));
+            let mut bad = 0;
+            for c in &checks {
+                if !c.ok {
+                    bad += 1;
+                }
+                println!(
+                    "{} {:<12} {}",
+                    if c.ok { "ok  " } else { "FAIL" },
+                    c.name,
+                    c.detail
+                );
+            }
+            Ok(if bad == 0 { 0 } else { 1 })
+        }
         Cmd::Pause => {
             Identity::load(&dir)?;
             byom_wire::write_atomic(

@@ -46,3 +46,60 @@ fn udp_blocked_falls_back_to_tcp_and_moves_back() {
     let out = server.byom(&["exec", "lap", "--", "echo", "over quic"]);
     assert_eq!(stdout(&out), "over quic\n");
 }
+
+#[test]
+fn doctor_checks_everything_and_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    d.start();
+    server.wait_online("lap", true, T);
+    let out = d.byomd(&["doctor"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    for name in [
+        "config",
+        "key",
+        "certificate",
+        "policy",
+        "daemon",
+        "udp",
+        "tcp",
+        "clock",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("ok") && l.contains(name)),
+            "{name} missing or failing:\n{text}"
+        );
+    }
+    std::fs::write(d.config_dir.join("policy.toml"), "[oops").unwrap();
+    assert!(d.byomd(&["pause"]).status.success());
+    let out = d.byomd(&["doctor"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("FAIL") && l.contains("policy")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("FAIL") && l.contains("byomd resume")),
+        "{text}"
+    );
+    d.stop();
+    drop(server);
+    let text = stdout(&d.byomd(&["doctor"]));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("FAIL") && l.contains("udp")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("FAIL") && l.contains("tcp")),
+        "{text}"
+    );
+}
