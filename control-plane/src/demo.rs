@@ -381,6 +381,22 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
     .await?;
     show("sleep 30 (with --timeout 500ms)", &cmd, &o, &e);
 
+    let (cmd, o, e) = run_cmd(
+        &mut c,
+        "demo-laptop",
+        pb::CreateCommandRequest {
+            argv: vec!["sudo".into(), "id".into()],
+            ..Default::default()
+        },
+    )
+    .await?;
+    show(
+        "sudo id (the laptop's own policy says no; the server cannot change it)",
+        &cmd,
+        &o,
+        &e,
+    );
+
     println!("\n6. stop the daemon, queue a command for the offline machine");
     daemon.stop();
     wait_online(&mut c, "demo-laptop", false).await?;

@@ -253,13 +253,17 @@ fn max_concurrency_from_the_policy_is_respected_by_the_server() {
     let mut d = Daemon::new(dir.path(), "daemon");
     d.pair(&server.token(&[]), "lap");
     let p = d.config_dir.join("policy.toml");
-    let text = std::fs::read_to_string(&p).unwrap().replace("max_concurrency = 8", "max_concurrency = 1");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("max_concurrency = 8", "max_concurrency = 1");
     std::fs::write(&p, text).unwrap();
     d.start();
     server.wait_online("lap", true, T);
     let first = server.detach("lap", &[], &["sleep", "1"]);
     let second = server.detach("lap", &[], &["echo", "second"]);
-    wait_for("first running", T, || (server.command(&first)["state"] == "running").then_some(()));
+    wait_for("first running", T, || {
+        (server.command(&first)["state"] == "running").then_some(())
+    });
     assert_eq!(server.command(&second)["state"], "queued", "one at a time");
     assert_eq!(server.wait_done(&second, T)["stdout"], "second\n");
     assert_eq!(server.command(&first)["state"], "exited");
