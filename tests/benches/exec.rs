@@ -15,7 +15,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use byom_protocol::pb;
 use byom_tests::{Daemon, Server};
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
@@ -117,38 +116,6 @@ fn sshd(dir: &Path) -> Option<(std::process::Child, Vec<String>)> {
     Some((child, args))
 }
 
-async fn round_trip(c: &mut byom_control_plane::client::Client, machine: &str) -> Duration {
-    let t = Instant::now();
-    let cmd = c
-        .create_command(pb::CreateCommandRequest {
-            machine: machine.into(),
-            argv: vec!["true".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .command
-        .unwrap();
-    let mut s = c
-        .watch_command(pb::WatchCommandRequest {
-            id: cmd.id,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    while let Some(ev) = s.message().await.unwrap() {
-        if let Some(pb::command_event::Event::State(st)) = ev.event {
-            if st.state().is_terminal() {
-                assert_eq!(st.state(), pb::CommandState::Exited);
-                break;
-            }
-        }
-    }
-    t.elapsed()
-}
-
 fn main() {
     let n: usize = std::env::var("BENCH_N")
         .ok()
@@ -180,36 +147,9 @@ fn main() {
         let mut c = byom_control_plane::client::connect(&creds).await.unwrap();
         let mut v = Vec::with_capacity(n);
         for i in 0..n + 10 {
-            let t = Instant::now();
-            let cmd = c
-                .create_command(pb::CreateCommandRequest {
-                    machine: "lap".into(),
-                    argv: vec!["true".into()],
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .command
-                .unwrap();
-            let mut s = c
-                .watch_command(pb::WatchCommandRequest {
-                    id: cmd.id,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            while let Some(ev) = s.message().await.unwrap() {
-                if let Some(pb::command_event::Event::State(st)) = ev.event {
-                    if st.state().is_terminal() {
-                        assert_eq!(st.state(), pb::CommandState::Exited);
-                        break;
-                    }
-                }
-            }
+            let d = byom_tests::api_round_trip(&mut c, "lap").await;
             if i >= 10 {
-                v.push(t.elapsed()); // first 10 warm up
+                v.push(d); // first 10 warm up
             }
         }
         v
@@ -230,7 +170,7 @@ fn main() {
         let mut t = Vec::new();
         for i in 0..(n + 10) {
             for (machine, out) in [("lap", &mut q), ("lap-tcp", &mut t)] {
-                let d = round_trip(&mut c, machine).await;
+                let d = byom_tests::api_round_trip(&mut c, machine).await;
                 if i >= 10 {
                     out.push(d);
                 }

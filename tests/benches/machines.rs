@@ -153,33 +153,7 @@ fn main() {
             let mut c = client.clone();
             tasks.push(tokio::spawn(async move {
                 let _p = sem.acquire().await.unwrap();
-                let cmd = c
-                    .create_command(pb::CreateCommandRequest {
-                        machine: format!("m{}", i % n),
-                        argv: vec!["true".into()],
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .command
-                    .unwrap();
-                let mut s = c
-                    .watch_command(pb::WatchCommandRequest {
-                        id: cmd.id,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
-                while let Some(ev) = s.message().await.unwrap() {
-                    if let Some(pb::command_event::Event::State(st)) = ev.event {
-                        if st.state().is_terminal() {
-                            assert_eq!(st.state(), pb::CommandState::Exited);
-                            return;
-                        }
-                    }
-                }
+                byom_tests::api_round_trip(&mut c, &format!("m{}", i % n)).await;
             }));
         }
         for t in tasks {

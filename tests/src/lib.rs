@@ -387,3 +387,39 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// Runs `true` on `machine` through the admin API (CreateCommand, then
+/// WatchCommand until the stored exit) and returns the round-trip time.
+/// Panics unless it exited successfully: benchmarks must not time failures.
+pub async fn api_round_trip(c: &mut byom_control_plane::client::Client, machine: &str) -> Duration {
+    use byom_protocol::pb;
+    let t = Instant::now();
+    let cmd = c
+        .create_command(pb::CreateCommandRequest {
+            machine: machine.into(),
+            argv: vec!["true".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("create command")
+        .into_inner()
+        .command
+        .expect("command in response");
+    let mut s = c
+        .watch_command(pb::WatchCommandRequest {
+            id: cmd.id,
+            ..Default::default()
+        })
+        .await
+        .expect("watch command")
+        .into_inner();
+    while let Some(ev) = s.message().await.expect("watch stream") {
+        if let Some(pb::command_event::Event::State(st)) = ev.event {
+            if st.state().is_terminal() {
+                assert_eq!(st.state(), pb::CommandState::Exited, "{st:?}");
+                break;
+            }
+        }
+    }
+    t.elapsed()
+}
