@@ -15,6 +15,7 @@ pub mod client;
 pub mod demo;
 pub mod gateway;
 pub mod js;
+pub mod model;
 pub mod pki;
 pub mod reconcile;
 pub mod server;
