@@ -653,6 +653,76 @@ impl Admin for Api {
         Ok(Response::new(pb::CommandResponse { command: Some(c) }))
     }
 
+    async fn send_event(
+        &self,
+        req: Request<pb::SendEventRequest>,
+    ) -> Result<Response<pb::SendEventResponse>, Status> {
+        let ev = req.into_inner();
+        if ev.source.trim().is_empty() || ev.thread.trim().is_empty() || ev.user.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "an event needs a source, a thread and a user",
+            ));
+        }
+        let t = crate::triggers::ingest(&self.shared.store, &self.shared.rules, ev)
+            .await
+            .map_err(store_err)?;
+        let _ = self.shared.triggers_tx.send(t.clone());
+        Ok(Response::new(pb::SendEventResponse { trigger: Some(t) }))
+    }
+
+    async fn list_triggers(
+        &self,
+        req: Request<pb::ListTriggersRequest>,
+    ) -> Result<Response<pb::ListTriggersResponse>, Status> {
+        let req = req.into_inner();
+        let limit = if req.limit == 0 {
+            50
+        } else {
+            (req.limit as usize).min(MAX_LIST)
+        };
+        let thread = (!req.thread.is_empty()).then_some(req.thread.as_str());
+        let triggers = self
+            .shared
+            .store
+            .list_triggers(thread, limit)
+            .map_err(store_err)?;
+        Ok(Response::new(pb::ListTriggersResponse { triggers }))
+    }
+
+    type TailTriggersStream =
+        Pin<Box<dyn futures_util::Stream<Item = Result<pb::Trigger, Status>> + Send>>;
+
+    async fn tail_triggers(
+        &self,
+        _: Request<pb::TailTriggersRequest>,
+    ) -> Result<Response<Self::TailTriggersStream>, Status> {
+        let mut rx = self.shared.triggers_tx.subscribe();
+        let (tx, out) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        let shutdown = self.shared.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let t = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tx.closed() => return,
+                    r = rx.recv() => r,
+                };
+                match t {
+                    Ok(t) => {
+                        if tx.send(Ok(t)).await.is_err() {
+                            return;
+                        }
+                    }
+                    // A slow reader skips ahead rather than holding memory.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
+    }
+
     type WatchCommandStream = WatchStream;
 
     async fn watch_command(
@@ -761,6 +831,20 @@ impl Admin for Api {
                 t.secret_sha256.clear();
                 Object::Token(t)
             }
+            Some(Kind::Trigger) => Object::Trigger(
+                self.shared
+                    .store
+                    .get_trigger(&id)
+                    .map_err(store_err)?
+                    .ok_or_else(|| Status::not_found(format!("no trigger {id}")))?,
+            ),
+            Some(Kind::Thread) => Object::Thread(
+                self.shared
+                    .store
+                    .get_thread(&id)
+                    .map_err(store_err)?
+                    .ok_or_else(|| Status::not_found(format!("no thread {id}")))?,
+            ),
             Some(_) => {
                 return Err(Status::unimplemented(format!(
                     "{id}: this kind of object does not exist yet"

@@ -57,6 +57,9 @@ pub enum Cmd {
     /// Commands run or queued on machines.
     #[command(subcommand, alias = "command")]
     Commands(CommandsCmd),
+    /// Events from channels (triggers): send one, list, follow.
+    #[command(subcommand)]
+    Events(EventsCmd),
     /// Who ran what where: the command audit trail.
     #[command(subcommand)]
     Audit(AuditCmd),
@@ -88,6 +91,10 @@ pub struct ServerArgs {
     /// (default: the QUIC port number, on TCP).
     #[arg(long)]
     pub listen_tcp: Option<SocketAddr>,
+    /// HTTP address for webhooks: POST /hooks/SOURCE with an HMAC-SHA256
+    /// signature (key in <data-dir>/webhook.key).
+    #[arg(long, default_value = "127.0.0.1:7445")]
+    pub listen_webhook: SocketAddr,
     /// HOST:PORT daemons should dial, written into pairing tokens.
     #[arg(long)]
     pub public_addr: Option<String>,
@@ -192,6 +199,149 @@ pub struct ExecArgs {
     /// The command and its arguments.
     #[arg(last = true)]
     pub argv: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EventsCmd {
+    /// Send an event as a user on a thread (a trigger).
+    Send {
+        #[arg(long, default_value = "cli")]
+        source: String,
+        #[arg(long)]
+        thread: String,
+        #[arg(long)]
+        user: String,
+        /// The agent is addressed (mention or direct message).
+        #[arg(long)]
+        mention: bool,
+        /// The sender is a bot.
+        #[arg(long)]
+        bot: bool,
+        text: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Recent triggers, newest first.
+    Ls {
+        /// Only this thread (thr_… ID).
+        #[arg(long)]
+        thread: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow triggers as they arrive.
+    Tail {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn trigger_json(t: &pb::Trigger) -> Value {
+    let decision = match t.decision() {
+        pb::TriggerDecision::Ignored => "ignored",
+        pb::TriggerDecision::Candidate => "candidate",
+        pb::TriggerDecision::Unspecified => "pending",
+    };
+    json!({
+        "id": t.id, "thread_id": t.thread_id, "source": t.source, "user": t.user, "text": t.text,
+        "mention": t.mention, "from_bot": t.from_bot, "created_at": rfc3339(t.created_at_ms),
+        "decision": decision, "reason": t.reason,
+    })
+}
+
+fn trigger_line(t: &pb::Trigger) -> String {
+    let v = trigger_json(t);
+    let mut text: String = t.text.chars().take(80).collect();
+    if t.text.chars().count() > 80 {
+        text.push('…');
+    }
+    format!(
+        "{}  {}  {}/{}  {}{}: {}  [{}]",
+        t.id,
+        ago(t.created_at_ms),
+        t.source,
+        t.thread_id,
+        t.user,
+        if t.mention { " (@)" } else { "" },
+        text,
+        v["decision"].as_str().unwrap_or("")
+    )
+}
+
+async fn events(c: &mut Client, cmd: EventsCmd) -> anyhow::Result<i32> {
+    match cmd {
+        EventsCmd::Send {
+            source,
+            thread,
+            user,
+            mention,
+            bot,
+            text,
+            json,
+        } => {
+            let t = c
+                .send_event(pb::SendEventRequest {
+                    source,
+                    thread,
+                    user,
+                    text,
+                    mention,
+                    from_bot: bot,
+                })
+                .await?
+                .into_inner()
+                .trigger
+                .unwrap_or_default();
+            if json {
+                print_json(&trigger_json(&t));
+            } else {
+                println!(
+                    "{} on {}: {} ({})",
+                    t.id,
+                    t.thread_id,
+                    trigger_json(&t)["decision"].as_str().unwrap_or(""),
+                    t.reason
+                );
+            }
+        }
+        EventsCmd::Ls {
+            thread,
+            limit,
+            json,
+        } => {
+            let r = c
+                .list_triggers(pb::ListTriggersRequest {
+                    thread: thread.unwrap_or_default(),
+                    limit,
+                })
+                .await?
+                .into_inner();
+            if json {
+                print_json(&Value::Array(r.triggers.iter().map(trigger_json).collect()));
+            } else {
+                for t in &r.triggers {
+                    println!("{}", trigger_line(t));
+                }
+            }
+        }
+        EventsCmd::Tail { json } => {
+            let mut s = c
+                .tail_triggers(pb::TailTriggersRequest {})
+                .await?
+                .into_inner();
+            while let Some(t) = s.message().await? {
+                if json {
+                    println!("{}", trigger_json(&t));
+                } else {
+                    println!("{}", trigger_line(&t));
+                }
+                std::io::stdout().flush()?;
+            }
+        }
+    }
+    Ok(0)
 }
 
 #[derive(Subcommand, Debug)]
@@ -376,6 +526,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 listen_quic: a.listen_quic,
                 listen_api: a.listen_api,
                 listen_tcp: a.listen_tcp,
+                listen_webhook: a.listen_webhook,
                 public_addr: a.public_addr,
                 cert_ttl: a.cert_ttl,
             })
@@ -393,6 +544,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Cmd::Exec(e) => exec(&mut c, e).await,
                 Cmd::Commands(x) => commands(&mut c, x).await,
                 Cmd::Audit(x) => audit(&mut c, x).await,
+                Cmd::Events(x) => events(&mut c, x).await,
                 Cmd::Show { id, json } => show(&mut c, &id, json).await,
                 Cmd::Server(_) | Cmd::Demo(_) | Cmd::Js(_) => unreachable!("handled above"),
             }
@@ -1000,6 +1152,27 @@ async fn show(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
                 },
             )
             .await;
+        }
+        Some(Object::Trigger(t)) => {
+            if json {
+                print_json(&trigger_json(&t));
+            } else {
+                println!("{}", trigger_line(&t));
+                println!("  thread:   {}", t.thread_id);
+                println!("  decision: {}", t.reason);
+            }
+        }
+        Some(Object::Thread(t)) => {
+            if json {
+                print_json(
+                    &json!({"id": t.id, "source": t.source, "external": t.external, "created_at": rfc3339(t.created_at_ms), "last_trigger": rfc3339(t.last_trigger_ms)}),
+                );
+            } else {
+                println!("{} on {} ({})", t.id, t.source, t.external);
+                println!("  created:      {}", ago(t.created_at_ms));
+                println!("  last trigger: {}", ago(t.last_trigger_ms));
+                println!("  see: byom events ls --thread {}", t.id);
+            }
         }
         Some(Object::Token(t)) => {
             if json {

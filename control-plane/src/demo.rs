@@ -248,6 +248,8 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
             "127.0.0.1:0",
             "--listen-api",
             "127.0.0.1:0",
+            "--listen-webhook",
+            "127.0.0.1:0",
         ])
         .stdin(Stdio::null())
         .stdout(log_file(dir, "server.out")?)

@@ -21,5 +21,7 @@ pub mod reconcile;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod triggers;
+pub mod webhook;
 
 pub use byom_wire::hostname;

@@ -32,6 +32,8 @@ pub struct ServerOptions {
     /// QUIC address, with an unspecified IP replaced by this host's name.
     pub public_addr: Option<String>,
     pub cert_ttl: Duration,
+    /// HTTP address for webhooks (POST /hooks/SOURCE, HMAC-signed).
+    pub listen_webhook: SocketAddr,
 }
 
 /// How often queued commands are checked against their TTL.
@@ -43,6 +45,7 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 pub struct ServerInfo {
     pub quic_addr: String,
     pub tcp_addr: String,
+    pub webhook_addr: String,
     pub api_addr: String,
     pub public_addr: String,
     pub ca_sha256: String,
@@ -61,7 +64,14 @@ pub struct Shared {
     pub quic_addr: SocketAddr,
     pub cert_ttl: Duration,
     pub shutdown: CancellationToken,
+    /// Fast-path rules per source (`<data-dir>/sources.toml`).
+    pub rules: crate::triggers::Rules,
+    /// Every stored trigger, for `byom events tail`.
+    pub triggers_tx: tokio::sync::broadcast::Sender<pb::Trigger>,
 }
+
+/// Triggers buffered for slow `events tail` watchers (they skip ahead).
+const TAIL_BUFFER: usize = 256;
 
 impl Shared {
     pub fn live_machine(&self, id: &str) -> Option<Arc<LiveMachine>> {
@@ -126,6 +136,12 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         },
     };
     let tcp_addr = tcp_listener.local_addr()?;
+    let webhook_listener = tokio::net::TcpListener::bind(opts.listen_webhook)
+        .await
+        .with_context(|| format!("cannot bind webhooks on {}", opts.listen_webhook))?;
+    let webhook_addr = webhook_listener.local_addr()?;
+    let rules = crate::triggers::Rules::load(&opts.data_dir)?;
+    let webhook_key = crate::webhook::load_or_create_key(&opts.data_dir)?;
 
     let public_addr = match &opts.public_addr {
         Some(a) => a.clone(),
@@ -161,6 +177,8 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         cert_ttl: opts.cert_ttl,
         shutdown: CancellationToken::new(),
         pki,
+        rules,
+        triggers_tx: tokio::sync::broadcast::channel(TAIL_BUFFER).0,
     });
 
     let quic_cfg = crate::tls::quic_server_config(&shared.pki, revoked)?;
@@ -187,6 +205,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let info = ServerInfo {
         quic_addr: quic_addr.to_string(),
         tcp_addr: tcp_addr.to_string(),
+        webhook_addr: webhook_addr.to_string(),
         api_addr: api_addr.to_string(),
         public_addr,
         ca_sha256: crate::pki::hex(&shared.pki.ca_sha256),
@@ -212,6 +231,11 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         tcp_endpoint.clone(),
         "tcp",
     ));
+    let webhooks = tokio::spawn(crate::webhook::serve(
+        shared.clone(),
+        webhook_listener,
+        webhook_key,
+    ));
     let tcp_accept = tokio::spawn(accept_tunnels(
         shared.clone(),
         tcp_listener,
@@ -227,6 +251,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     endpoint.close(0u32.into(), b"server shutting down");
     tcp_endpoint.close(0u32.into(), b"server shutting down");
     tcp_accept.abort();
+    webhooks.abort();
     gw_tcp.abort();
     let _ = tokio::time::timeout(Duration::from_secs(3), async {
         let _ = gw.await;

@@ -48,10 +48,14 @@ pub enum Space {
     Pending,
     /// `command_id, stream, offset(BE u64)` → output bytes.
     Output,
+    Triggers,
+    Threads,
+    /// `source \0 external` → thread ID.
+    ThreadKeys,
 }
 
 impl Space {
-    const ALL: [Space; 7] = [
+    const ALL: [Space; 10] = [
         Space::Tokens,
         Space::TokenSecrets,
         Space::Machines,
@@ -59,6 +63,9 @@ impl Space {
         Space::Commands,
         Space::Pending,
         Space::Output,
+        Space::Triggers,
+        Space::Threads,
+        Space::ThreadKeys,
     ];
     fn name(self) -> &'static str {
         match self {
@@ -69,6 +76,9 @@ impl Space {
             Space::Commands => "commands",
             Space::Pending => "pending",
             Space::Output => "output",
+            Space::Triggers => "triggers",
+            Space::Threads => "threads",
+            Space::ThreadKeys => "thread_keys",
         }
     }
 }
@@ -629,6 +639,92 @@ impl Store {
                     continue;
                 }
                 out.push(c);
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+            }
+            if n < PAGE {
+                return Ok(out);
+            }
+        }
+    }
+
+    // ── triggers and threads ──
+
+    fn thread_key(source: &str, external: &str) -> Vec<u8> {
+        let mut k = source.as_bytes().to_vec();
+        k.push(0);
+        k.extend_from_slice(external.as_bytes());
+        k
+    }
+
+    pub fn find_thread(&self, source: &str, external: &str) -> Result<Option<pb::Thread>> {
+        match self
+            .kv
+            .get(Space::ThreadKeys, &Self::thread_key(source, external))?
+        {
+            Some(id) => self.get_thread(&String::from_utf8_lossy(&id)),
+            None => Ok(None),
+        }
+    }
+
+    /// Creates a thread, or returns the one a concurrent call created.
+    pub fn create_thread(&self, t: &pb::Thread) -> Result<pb::Thread> {
+        let key = Self::thread_key(&t.source, &t.external);
+        if !self
+            .kv
+            .compare_and_swap(Space::ThreadKeys, &key, None, Some(t.id.as_bytes()))?
+        {
+            return self
+                .find_thread(&t.source, &t.external)?
+                .ok_or_else(|| StoreError::Conflict("thread vanished".into()));
+        }
+        self.kv
+            .put(Space::Threads, t.id.as_bytes(), &t.encode_to_vec())?;
+        Ok(t.clone())
+    }
+
+    pub fn get_thread(&self, id: &str) -> Result<Option<pb::Thread>> {
+        self.get_msg(Space::Threads, id)
+    }
+
+    pub fn touch_thread(&self, id: &str, now_ms: u64) -> Result<pb::Thread> {
+        self.update_msg(Space::Threads, id, |t: &mut pb::Thread| {
+            t.last_trigger_ms = t.last_trigger_ms.max(now_ms);
+            Ok(())
+        })
+    }
+
+    pub fn put_trigger(&self, t: &pb::Trigger) -> Result<()> {
+        self.kv
+            .put(Space::Triggers, t.id.as_bytes(), &t.encode_to_vec())
+    }
+
+    pub fn get_trigger(&self, id: &str) -> Result<Option<pb::Trigger>> {
+        self.get_msg(Space::Triggers, id)
+    }
+
+    /// Newest first, optionally on one thread.
+    pub fn list_triggers(&self, thread: Option<&str>, limit: usize) -> Result<Vec<pb::Trigger>> {
+        let mut out = Vec::new();
+        let mut cursor: Option<Vec<u8>> = None;
+        const PAGE: usize = 512;
+        loop {
+            let page = self.kv.range(
+                Space::Triggers,
+                Bound::Unbounded,
+                cursor.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
+                true,
+                PAGE,
+            )?;
+            let n = page.len();
+            for (k, v) in page {
+                let t: pb::Trigger = decode(&String::from_utf8_lossy(&k), &v)?;
+                cursor = Some(k);
+                if thread.is_some_and(|th| t.thread_id != th) {
+                    continue;
+                }
+                out.push(t);
                 if out.len() >= limit {
                     return Ok(out);
                 }

@@ -124,6 +124,8 @@ macro_rules! typed_id {
 typed_id!(MachineId, Kind::Machine, "machine");
 typed_id!(TokenId, Kind::Token, "token");
 typed_id!(CommandId, Kind::Command, "command");
+typed_id!(TriggerId, Kind::Trigger, "trigger");
+typed_id!(ThreadId, Kind::Thread, "thread");
 
 #[cfg(test)]
 mod tests {

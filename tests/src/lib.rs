@@ -72,6 +72,7 @@ pub struct Server {
     pub api_addr: SocketAddr,
     /// The TCP fallback's address.
     pub tcp_addr: SocketAddr,
+    pub webhook_addr: SocketAddr,
     pub extra_args: Vec<String>,
 }
 
@@ -87,6 +88,7 @@ impl Server {
             quic_addr: "127.0.0.1:0".parse().unwrap(),
             api_addr: "127.0.0.1:0".parse().unwrap(),
             tcp_addr: "127.0.0.1:0".parse().unwrap(),
+            webhook_addr: "127.0.0.1:0".parse().unwrap(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
         };
         s.launch();
@@ -109,6 +111,8 @@ impl Server {
             .arg(self.quic_addr.to_string())
             .arg("--listen-api")
             .arg(self.api_addr.to_string())
+            .arg("--listen-webhook")
+            .arg(self.webhook_addr.to_string())
             .args(&self.extra_args)
             .env("BYOM_LOG", "info,byom_control_plane=debug")
             .stdin(Stdio::null())
@@ -125,6 +129,7 @@ impl Server {
         self.quic_addr = info["quic_addr"].as_str().unwrap().parse().unwrap();
         self.api_addr = info["api_addr"].as_str().unwrap().parse().unwrap();
         self.tcp_addr = info["tcp_addr"].as_str().unwrap().parse().unwrap();
+        self.webhook_addr = info["webhook_addr"].as_str().unwrap().parse().unwrap();
     }
 
     /// `kill -9`: no chance to flush or say goodbye.

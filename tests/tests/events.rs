@@ -1,0 +1,161 @@
+//! Triggers in: `byom events`, the webhook (HMAC-signed), threads, the fast
+//! path per source, and `byom events tail`.
+
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::process::Stdio;
+use std::time::Duration;
+
+use byom_tests::{stderr, stdout, Server};
+use ring::hmac;
+
+fn post(addr: std::net::SocketAddr, path: &str, sig: Option<&str>, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let sig = sig
+        .map(|v| format!("X-Byom-Signature: {v}\r\n"))
+        .unwrap_or_default();
+    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{sig}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+fn sign(key: &[u8], body: &str) -> String {
+    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), body.as_bytes());
+    format!(
+        "sha256={}",
+        tag.as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
+}
+
+#[test]
+fn events_threads_fast_path_and_webhook() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("server")).unwrap();
+    std::fs::write(
+        dir.path().join("server/sources.toml"),
+        "[sources.chat]\nmode = \"addressed_only\"\n[sources.ci]\nmode = \"ignore\"\n",
+    )
+    .unwrap();
+    let server = Server::start(dir.path());
+
+    // CLI events: one thread per (source, thread name); fast path per source.
+    let a = server.json(&[
+        "events",
+        "send",
+        "--source",
+        "chat",
+        "--thread",
+        "general",
+        "--user",
+        "ada",
+        "--mention",
+        "please run uname on lap",
+    ]);
+    assert_eq!(a["decision"], "candidate", "{a}");
+    let b = server.json(&[
+        "events",
+        "send",
+        "--source",
+        "chat",
+        "--thread",
+        "general",
+        "--user",
+        "bob",
+        "just chatting",
+    ]);
+    assert_eq!(b["decision"], "ignored");
+    assert!(b["reason"].as_str().unwrap().contains("addressed"));
+    assert_eq!(a["thread_id"], b["thread_id"], "same thread");
+    let c = server.json(&[
+        "events", "send", "--source", "ci", "--thread", "build-1", "--user", "ci", "failed",
+    ]);
+    assert_eq!(c["decision"], "ignored");
+    assert_ne!(c["thread_id"], a["thread_id"]);
+    let shown = stdout(&server.byom(&["show", a["id"].as_str().unwrap()]));
+    assert!(shown.contains("please run uname"), "{shown}");
+    let thread = stdout(&server.byom(&["show", a["thread_id"].as_str().unwrap()]));
+    assert!(thread.contains("general"), "{thread}");
+    let on_thread = server.json(&["events", "ls", "--thread", a["thread_id"].as_str().unwrap()]);
+    assert_eq!(on_thread.as_array().unwrap().len(), 2);
+    let out = server.byom(&["events", "send", "--thread", "", "--user", "x", "y"]);
+    assert!(!out.status.success(), "{}", stderr(&out));
+
+    // Tail sees new triggers.
+    let mut tail = server
+        .byom_cmd(&["events", "tail", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Webhook: signed → stored; bad or missing signature → 401, nothing stored.
+    let key = std::fs::read_to_string(server.data_dir.join("webhook.key")).unwrap();
+    let key = key.trim().as_bytes().to_vec();
+    let before = server
+        .json(&["events", "ls", "--limit", "1000"])
+        .as_array()
+        .unwrap()
+        .len();
+    let body =
+        r#"{"thread": "pr-42", "user": "octocat", "text": "@byom please review", "mention": true}"#;
+    let (st, reply) = post(
+        server.webhook_addr,
+        "/hooks/github",
+        Some(&sign(&key, body)),
+        body,
+    );
+    assert_eq!(st, 202, "{reply}");
+    assert!(
+        reply.contains("trg_") && reply.contains("candidate"),
+        "{reply}"
+    );
+    let (st, _) = post(
+        server.webhook_addr,
+        "/hooks/github",
+        Some(&sign(b"wrong key wrong key wrong key!!", body)),
+        body,
+    );
+    assert_eq!(st, 401);
+    let (st, _) = post(server.webhook_addr, "/hooks/github", None, body);
+    assert_eq!(st, 401);
+    let tampered = body.replace("review", "delete everything");
+    let (st, _) = post(
+        server.webhook_addr,
+        "/hooks/github",
+        Some(&sign(&key, body)),
+        &tampered,
+    );
+    assert_eq!(st, 401);
+    let (st, _) = post(
+        server.webhook_addr,
+        "/hooks/github",
+        Some(&sign(&key, "not json")),
+        "not json",
+    );
+    assert_eq!(st, 400);
+    let after = server
+        .json(&["events", "ls", "--limit", "1000"])
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(after, before + 1, "only the signed webhook was stored");
+
+    let mut line = String::new();
+    std::io::BufReader::new(tail.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("octocat"), "{line}");
+    let _ = tail.kill();
+    let _ = tail.wait();
+}
