@@ -33,6 +33,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Events buffered per WatchCommand stream before the server waits for the
 /// client to read.
 const WATCH_BUFFER: usize = 64;
+/// Longest natural-language policy, and most of them.
+const MAX_POLICY_BYTES: usize = 4096;
+const MAX_POLICIES: usize = 256;
 /// Safety net for watchers in case a notification is missed.
 const WATCH_POLL: Duration = Duration::from_secs(1);
 
@@ -721,6 +724,57 @@ impl Admin for Api {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(out),
         )))
+    }
+
+    async fn add_policy(
+        &self,
+        req: Request<pb::AddPolicyRequest>,
+    ) -> Result<Response<pb::PolicyResponse>, Status> {
+        let who = caller(&req);
+        let text = req.into_inner().text.trim().to_string();
+        if text.is_empty() || text.len() > MAX_POLICY_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "a policy is 1 to {MAX_POLICY_BYTES} bytes of text"
+            )));
+        }
+        if self.shared.store.list_policies().map_err(store_err)?.len() >= MAX_POLICIES {
+            return Err(Status::resource_exhausted(format!(
+                "at most {MAX_POLICIES} policies: remove one first"
+            )));
+        }
+        let now = now_ms();
+        let p = pb::RouterPolicy {
+            id: byom_protocol::id::PolicyId::new(now).to_string(),
+            text,
+            created_at_ms: now,
+            created_by: who,
+        };
+        self.shared.store.put_policy(&p).map_err(store_err)?;
+        self.shared.store.flush_async().await.map_err(store_err)?;
+        Ok(Response::new(pb::PolicyResponse { policy: Some(p) }))
+    }
+
+    async fn list_policies(
+        &self,
+        _: Request<pb::ListPoliciesRequest>,
+    ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
+        let policies = self.shared.store.list_policies().map_err(store_err)?;
+        Ok(Response::new(pb::ListPoliciesResponse { policies }))
+    }
+
+    async fn remove_policy(
+        &self,
+        req: Request<pb::RemovePolicyRequest>,
+    ) -> Result<Response<pb::PolicyResponse>, Status> {
+        let id = req.into_inner().id;
+        let p = self
+            .shared
+            .store
+            .remove_policy(&id)
+            .map_err(store_err)?
+            .ok_or_else(|| Status::not_found(format!("no policy {id}: see `byom policy ls`")))?;
+        self.shared.store.flush_async().await.map_err(store_err)?;
+        Ok(Response::new(pb::PolicyResponse { policy: Some(p) }))
     }
 
     type WatchCommandStream = WatchStream;

@@ -60,6 +60,9 @@ pub enum Cmd {
     /// Events from channels (triggers): send one, list, follow.
     #[command(subcommand)]
     Events(EventsCmd),
+    /// Natural-language policies the Router follows for candidate triggers.
+    #[command(subcommand)]
+    Policy(PolicyCmd),
     /// Who ran what where: the command audit trail.
     #[command(subcommand)]
     Audit(AuditCmd),
@@ -199,6 +202,79 @@ pub struct ExecArgs {
     /// The command and its arguments.
     #[arg(last = true)]
     pub argv: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCmd {
+    /// Add a policy, e.g. "Ignore messages in #random unless someone asks for help".
+    Add {
+        text: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List policies in the order the Router reads them.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a policy.
+    Rm { id: String },
+}
+
+fn policy_json(p: &pb::RouterPolicy) -> Value {
+    json!({"id": p.id, "text": p.text, "created_at": rfc3339(p.created_at_ms), "created_by": p.created_by})
+}
+
+async fn policies(c: &mut Client, cmd: PolicyCmd) -> anyhow::Result<i32> {
+    match cmd {
+        PolicyCmd::Add { text, json } => {
+            let p = c
+                .add_policy(pb::AddPolicyRequest { text })
+                .await?
+                .into_inner()
+                .policy
+                .unwrap_or_default();
+            if json {
+                print_json(&policy_json(&p));
+            } else {
+                println!("added {}", p.id);
+            }
+        }
+        PolicyCmd::Ls { json } => {
+            let r = c
+                .list_policies(pb::ListPoliciesRequest {})
+                .await?
+                .into_inner();
+            if json {
+                print_json(&Value::Array(r.policies.iter().map(policy_json).collect()));
+            } else {
+                table(
+                    &["ID", "ADDED", "BY", "POLICY"],
+                    r.policies
+                        .iter()
+                        .map(|p| {
+                            vec![
+                                p.id.clone(),
+                                ago(p.created_at_ms),
+                                or_dash(&p.created_by),
+                                p.text.clone(),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+        }
+        PolicyCmd::Rm { id } => {
+            let p = c
+                .remove_policy(pb::RemovePolicyRequest { id })
+                .await?
+                .into_inner()
+                .policy
+                .unwrap_or_default();
+            println!("removed {}: {}", p.id, p.text);
+        }
+    }
+    Ok(0)
 }
 
 #[derive(Subcommand, Debug)]
@@ -545,6 +621,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Cmd::Commands(x) => commands(&mut c, x).await,
                 Cmd::Audit(x) => audit(&mut c, x).await,
                 Cmd::Events(x) => events(&mut c, x).await,
+                Cmd::Policy(x) => policies(&mut c, x).await,
                 Cmd::Show { id, json } => show(&mut c, &id, json).await,
                 Cmd::Server(_) | Cmd::Demo(_) | Cmd::Js(_) => unreachable!("handled above"),
             }

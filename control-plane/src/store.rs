@@ -52,10 +52,12 @@ pub enum Space {
     Threads,
     /// `source \0 external` → thread ID.
     ThreadKeys,
+    /// Natural-language Router policies.
+    Policies,
 }
 
 impl Space {
-    const ALL: [Space; 10] = [
+    const ALL: [Space; 11] = [
         Space::Tokens,
         Space::TokenSecrets,
         Space::Machines,
@@ -66,6 +68,7 @@ impl Space {
         Space::Triggers,
         Space::Threads,
         Space::ThreadKeys,
+        Space::Policies,
     ];
     fn name(self) -> &'static str {
         match self {
@@ -79,6 +82,7 @@ impl Space {
             Space::Triggers => "triggers",
             Space::Threads => "threads",
             Space::ThreadKeys => "thread_keys",
+            Space::Policies => "policies",
         }
     }
 }
@@ -733,6 +737,28 @@ impl Store {
                 return Ok(out);
             }
         }
+    }
+
+    // ── router policies ──
+
+    pub fn put_policy(&self, p: &pb::RouterPolicy) -> Result<()> {
+        self.kv
+            .put(Space::Policies, p.id.as_bytes(), &p.encode_to_vec())
+    }
+
+    /// Oldest first: the order the Router reads them in.
+    pub fn list_policies(&self) -> Result<Vec<pb::RouterPolicy>> {
+        let mut v: Vec<pb::RouterPolicy> = self.list_msgs(Space::Policies, MAX_LIST)?;
+        v.reverse();
+        Ok(v)
+    }
+
+    pub fn remove_policy(&self, id: &str) -> Result<Option<pb::RouterPolicy>> {
+        let p = self.get_msg(Space::Policies, id)?;
+        if p.is_some() {
+            self.kv.delete(Space::Policies, id.as_bytes())?;
+        }
+        Ok(p)
     }
 
     // ── output ──

@@ -14,10 +14,11 @@ pub enum Kind {
     Thread,
     Worker,
     Snapshot,
+    Policy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Machine,
         Kind::Token,
         Kind::Command,
@@ -25,6 +26,7 @@ impl Kind {
         Kind::Thread,
         Kind::Worker,
         Kind::Snapshot,
+        Kind::Policy,
     ];
 
     pub fn prefix(self) -> &'static str {
@@ -36,6 +38,7 @@ impl Kind {
             Kind::Thread => "thr_",
             Kind::Worker => "wrk_",
             Kind::Snapshot => "snp_",
+            Kind::Policy => "pol_",
         }
     }
 
@@ -126,6 +129,7 @@ typed_id!(TokenId, Kind::Token, "token");
 typed_id!(CommandId, Kind::Command, "command");
 typed_id!(TriggerId, Kind::Trigger, "trigger");
 typed_id!(ThreadId, Kind::Thread, "thread");
+typed_id!(PolicyId, Kind::Policy, "policy");
 
 #[cfg(test)]
 mod tests {

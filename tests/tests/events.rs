@@ -159,3 +159,45 @@ fn events_threads_fast_path_and_webhook() {
     let _ = tail.kill();
     let _ = tail.wait();
 }
+
+#[test]
+fn router_policies_add_list_remove_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path());
+    let a = server.json(&[
+        "policy",
+        "add",
+        "Ignore #random unless someone asks for help",
+    ]);
+    let b = server.json(&["policy", "add", "Never deploy on Fridays"]);
+    assert!(a["id"].as_str().unwrap().starts_with("pol_"));
+    assert_eq!(a["created_by"], "admin:admin");
+    server.kill9();
+    server.restart();
+    let ls = server.json(&["policy", "ls"]);
+    let texts: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "Ignore #random unless someone asks for help",
+            "Never deploy on Fridays"
+        ],
+        "oldest first"
+    );
+    assert!(server
+        .byom(&["policy", "rm", a["id"].as_str().unwrap()])
+        .status
+        .success());
+    assert!(!server
+        .byom(&["policy", "rm", a["id"].as_str().unwrap()])
+        .status
+        .success());
+    assert_eq!(server.json(&["policy", "ls"]).as_array().unwrap().len(), 1);
+    assert!(!server.byom(&["policy", "add", "  "]).status.success());
+    let _ = b;
+}
