@@ -608,22 +608,20 @@ impl Store {
         Ok(out)
     }
 
-    /// Newest first.
-    /// Newest first, stopping at commands created before `since_ms` (IDs
-    /// sort by creation time).
-    pub fn list_commands(
-        &self,
-        machine: Option<&str>,
-        state: Option<CommandState>,
-        since_ms: u64,
-        limit: usize,
-    ) -> Result<Vec<pb::Command>> {
+    /// Scans a space newest first (IDs sort by creation time), page by page.
+    /// `visit` returns `Some(true)` to keep a record, `Some(false)` to skip
+    /// it, `None` to stop; at most `limit` records are kept.
+    fn scan_newest<M, F>(&self, space: Space, limit: usize, mut visit: F) -> Result<Vec<M>>
+    where
+        M: Message + Default,
+        F: FnMut(&M) -> Option<bool>,
+    {
+        const PAGE: usize = 512;
         let mut out = Vec::new();
         let mut cursor: Option<Vec<u8>> = None;
-        const PAGE: usize = 512;
         loop {
             let page = self.kv.range(
-                Space::Commands,
+                space,
                 Bound::Unbounded,
                 cursor.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
                 true,
@@ -631,18 +629,13 @@ impl Store {
             )?;
             let n = page.len();
             for (k, v) in page {
-                let c: pb::Command = decode(&String::from_utf8_lossy(&k), &v)?;
+                let m: M = decode(&String::from_utf8_lossy(&k), &v)?;
                 cursor = Some(k);
-                if c.created_at_ms < since_ms {
-                    return Ok(out);
+                match visit(&m) {
+                    None => return Ok(out),
+                    Some(false) => continue,
+                    Some(true) => out.push(m),
                 }
-                if machine.is_some_and(|m| c.machine_id != m) {
-                    continue;
-                }
-                if state.is_some_and(|s| c.state() != s) {
-                    continue;
-                }
-                out.push(c);
                 if out.len() >= limit {
                     return Ok(out);
                 }
@@ -651,6 +644,22 @@ impl Store {
                 return Ok(out);
             }
         }
+    }
+
+    /// Newest first, stopping at commands created before `since_ms`.
+    pub fn list_commands(
+        &self,
+        machine: Option<&str>,
+        state: Option<CommandState>,
+        since_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<pb::Command>> {
+        self.scan_newest(Space::Commands, limit, |c: &pb::Command| {
+            if c.created_at_ms < since_ms {
+                return None;
+            }
+            Some(machine.is_none_or(|m| c.machine_id == m) && state.is_none_or(|s| c.state() == s))
+        })
     }
 
     // ── triggers and threads ──
@@ -710,33 +719,9 @@ impl Store {
 
     /// Newest first, optionally on one thread.
     pub fn list_triggers(&self, thread: Option<&str>, limit: usize) -> Result<Vec<pb::Trigger>> {
-        let mut out = Vec::new();
-        let mut cursor: Option<Vec<u8>> = None;
-        const PAGE: usize = 512;
-        loop {
-            let page = self.kv.range(
-                Space::Triggers,
-                Bound::Unbounded,
-                cursor.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
-                true,
-                PAGE,
-            )?;
-            let n = page.len();
-            for (k, v) in page {
-                let t: pb::Trigger = decode(&String::from_utf8_lossy(&k), &v)?;
-                cursor = Some(k);
-                if thread.is_some_and(|th| t.thread_id != th) {
-                    continue;
-                }
-                out.push(t);
-                if out.len() >= limit {
-                    return Ok(out);
-                }
-            }
-            if n < PAGE {
-                return Ok(out);
-            }
-        }
+        self.scan_newest(Space::Triggers, limit, |t: &pb::Trigger| {
+            Some(thread.is_none_or(|th| t.thread_id == th))
+        })
     }
 
     // ── router policies ──
@@ -904,6 +889,39 @@ mod tests {
         )
         .unwrap();
         assert!(s.pending_commands("mch_a").unwrap().is_empty());
+    }
+
+    #[test]
+    fn list_commands_filters_newest_first() {
+        let (_d, s) = store();
+        for (i, m) in ["mch_a", "mch_b", "mch_a"].iter().enumerate() {
+            let mut c = cmd(&format!("cmd_{i}"), m);
+            c.created_at_ms = 100 * (i as u64 + 1);
+            s.create_command(&c).unwrap();
+        }
+        let ids = |v: Vec<pb::Command>| v.into_iter().map(|c| c.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(s.list_commands(None, None, 0, 10).unwrap()),
+            ["cmd_2", "cmd_1", "cmd_0"]
+        );
+        assert_eq!(
+            ids(s.list_commands(Some("mch_a"), None, 0, 10).unwrap()),
+            ["cmd_2", "cmd_0"]
+        );
+        assert_eq!(
+            ids(s.list_commands(None, None, 200, 10).unwrap()),
+            ["cmd_2", "cmd_1"]
+        );
+        assert_eq!(
+            ids(s
+                .list_commands(None, Some(CommandState::Queued), 0, 1)
+                .unwrap()),
+            ["cmd_2"]
+        );
+        assert!(s
+            .list_commands(None, Some(CommandState::Exited), 0, 10)
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
