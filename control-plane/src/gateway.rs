@@ -77,7 +77,24 @@ fn error_frame(code: &str, message: impl Into<String>) -> ToDaemon {
     }
 }
 
-pub async fn serve(shared: Arc<Shared>, endpoint: quinn::Endpoint, transport: &'static str) {
+/// Which listener a connection came through.
+pub struct Transport {
+    pub name: &'static str,
+    /// The TCP fallback's tunnel, which knows the real peer addresses.
+    pub tunnel: Option<Arc<byom_wire::tunnel::StreamSocket>>,
+}
+
+impl Transport {
+    /// The peer's real address (not the tunnel's synthetic one).
+    fn peer(&self, addr: std::net::SocketAddr) -> String {
+        self.tunnel
+            .as_ref()
+            .and_then(|t| t.real_addr(&addr))
+            .unwrap_or_else(|| addr.to_string())
+    }
+}
+
+pub async fn serve(shared: Arc<Shared>, endpoint: quinn::Endpoint, transport: Arc<Transport>) {
     let limit = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTING));
     loop {
         let incoming = tokio::select! {
@@ -89,6 +106,7 @@ pub async fn serve(shared: Arc<Shared>, endpoint: quinn::Endpoint, transport: &'
             continue;
         };
         let shared = shared.clone();
+        let transport = transport.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
@@ -99,7 +117,7 @@ pub async fn serve(shared: Arc<Shared>, endpoint: quinn::Endpoint, transport: &'
                 }
             };
             drop(permit);
-            if let Err(e) = handle_connection(shared, conn.clone(), transport).await {
+            if let Err(e) = handle_connection(shared, conn.clone(), &transport).await {
                 tracing::debug!(%remote, "connection ended: {e}");
             }
         });
@@ -116,11 +134,11 @@ fn peer_certs(conn: &quinn::Connection) -> Option<Vec<rustls::pki_types::Certifi
 async fn handle_connection(
     shared: Arc<Shared>,
     conn: quinn::Connection,
-    transport: &'static str,
+    transport: &Transport,
 ) -> anyhow::Result<()> {
     let certs = peer_certs(&conn);
     let Some(certs) = certs.filter(|c| !c.is_empty()) else {
-        return serve_pairing(shared, conn).await;
+        return serve_pairing(shared, conn, transport).await;
     };
     let Some((role, info)) = crate::tls::peer_role(Some(&certs)) else {
         conn.close(close::PROTOCOL.into(), b"unknown certificate role");
@@ -155,18 +173,24 @@ async fn handle_connection(
 
 // ───────────────────────── pairing ─────────────────────────
 
-async fn serve_pairing(shared: Arc<Shared>, conn: quinn::Connection) -> anyhow::Result<()> {
+async fn serve_pairing(
+    shared: Arc<Shared>,
+    conn: quinn::Connection,
+    transport: &Transport,
+) -> anyhow::Result<()> {
     let (mut send, mut recv) =
         tokio::time::timeout(FIRST_FRAME_TIMEOUT, conn.accept_bi()).await??;
     let first: Option<ToServer> =
         tokio::time::timeout(FIRST_FRAME_TIMEOUT, read_frame(&mut recv)).await??;
     let reply = match first.and_then(|f| f.msg) {
-        Some(to_server::Msg::Pair(req)) => match pair(&shared, req, conn.remote_address()).await {
-            Ok(resp) => ToDaemon {
-                msg: Some(to_daemon::Msg::Pair(resp)),
-            },
-            Err((code, msg)) => error_frame(code, msg),
-        },
+        Some(to_server::Msg::Pair(req)) => {
+            match pair(&shared, req, transport.peer(conn.remote_address())).await {
+                Ok(resp) => ToDaemon {
+                    msg: Some(to_daemon::Msg::Pair(resp)),
+                },
+                Err((code, msg)) => error_frame(code, msg),
+            }
+        }
         _ => error_frame(
             "unauthenticated",
             "this connection has no client certificate: only pairing is allowed",
@@ -209,7 +233,7 @@ pub fn sanitize_name(s: &str) -> String {
 async fn pair(
     shared: &Shared,
     req: pb::PairRequest,
-    remote: std::net::SocketAddr,
+    remote: String,
 ) -> Result<pb::PairResponse, (&'static str, String)> {
     let internal = |e: &dyn std::fmt::Display| ("internal", format!("server error: {e}"));
     let token = PairingToken::parse(&req.token).map_err(|e| ("bad_token", e.to_string()))?;
@@ -333,8 +357,9 @@ async fn serve_machine(
     conn: quinn::Connection,
     machine: pb::Machine,
     expired: bool,
-    transport: &'static str,
+    transport: &Transport,
 ) -> anyhow::Result<()> {
+    let remote = transport.peer(conn.remote_address());
     if expired {
         // Only renewal until it has a valid certificate again.
         let (send, mut recv) =
@@ -405,12 +430,12 @@ async fn serve_machine(
         m.arch = hello.arch.chars().take(32).collect();
         m.hostname = hello.hostname.chars().take(255).collect();
         m.instance_id = hello.instance_id.clone();
-        m.remote_addr = conn.remote_address().to_string();
+        m.remote_addr = remote.clone();
         m.offline_reason.clear();
         m.policy_digest = hello.policy_digest.chars().take(64).collect();
         m.policy_summary = hello.policy_summary.chars().take(256).collect();
         m.paused = hello.paused;
-        m.transport = transport.to_string();
+        m.transport = transport.name.to_string();
         for (k, v) in hello.labels.iter().take(limits::MAX_LABELS) {
             let ok = |s: &str| s.len() <= limits::MAX_NAME_LEN && !s.chars().any(char::is_control);
             if !k.is_empty() && ok(k) && ok(v) && m.labels.len() < limits::MAX_LABELS {
@@ -428,7 +453,7 @@ async fn serve_machine(
         prev.conn
             .close(close::REPLACED.into(), b"replaced by a newer connection");
     }
-    tracing::info!(machine = %m.id, name = %m.name, remote = %conn.remote_address(), %transport, instance = %hello.instance_id, "machine connected");
+    tracing::info!(machine = %m.id, name = %m.name, %remote, transport = transport.name, instance = %hello.instance_id, "machine connected");
     write_frame(
         &mut ctl_send,
         &ToDaemon {

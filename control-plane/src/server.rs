@@ -221,15 +221,23 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     )?;
     tracing::info!(quic = %quic_addr, tcp = %tcp_addr, api = %api_addr, data_dir = %opts.data_dir.display(), "byom server listening");
 
+    let quic_transport = Arc::new(crate::gateway::Transport {
+        name: "quic",
+        tunnel: None,
+    });
+    let tcp_transport = Arc::new(crate::gateway::Transport {
+        name: "tcp",
+        tunnel: Some(tunnel.clone()),
+    });
     let gw = tokio::spawn(crate::gateway::serve(
         shared.clone(),
         endpoint.clone(),
-        "quic",
+        quic_transport,
     ));
     let gw_tcp = tokio::spawn(crate::gateway::serve(
         shared.clone(),
         tcp_endpoint.clone(),
-        "tcp",
+        tcp_transport,
     ));
     let webhooks = tokio::spawn(crate::webhook::serve(
         shared.clone(),
