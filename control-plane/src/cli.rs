@@ -482,16 +482,7 @@ async fn audit(c: &mut Client, cmd: AuditCmd) -> anyhow::Result<i32> {
         print_json(&Value::Array(v));
         return Ok(0);
     }
-    let names: HashMap<String, String> = c
-        .list_machines(pb::ListMachinesRequest {
-            include_revoked: true,
-        })
-        .await?
-        .into_inner()
-        .machines
-        .into_iter()
-        .map(|m| (m.id, m.name))
-        .collect();
+    let names = machine_names(c).await?;
     table(
         &[
             "WHEN", "WHO", "MACHINE", "RESULT", "OUT/ERR", "CWD", "COMMAND",
@@ -856,6 +847,19 @@ async fn token(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Machine ID → name, revoked machines included, for tables.
+async fn machine_names(c: &mut Client) -> anyhow::Result<HashMap<String, String>> {
+    Ok(c.list_machines(pb::ListMachinesRequest {
+        include_revoked: true,
+    })
+    .await?
+    .into_inner()
+    .machines
+    .into_iter()
+    .map(|m| (m.id, m.name))
+    .collect())
+}
+
 fn or_dash(s: &str) -> String {
     if s.is_empty() {
         "-".into()
@@ -1056,16 +1060,7 @@ async fn commands(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
             if json {
                 print_json(&Value::Array(r.commands.iter().map(command_json).collect()));
             } else {
-                let names: HashMap<String, String> = c
-                    .list_machines(pb::ListMachinesRequest {
-                        include_revoked: true,
-                    })
-                    .await?
-                    .into_inner()
-                    .machines
-                    .into_iter()
-                    .map(|m| (m.id, m.name))
-                    .collect();
+                let names = machine_names(c).await?;
                 table(
                     &["ID", "MACHINE", "STATE", "RESULT", "CREATED", "COMMAND"],
                     r.commands

@@ -835,18 +835,7 @@ impl Interpreter {
                 }
             }
             if running.is_empty() {
-                let durable: Vec<PendingCall> = {
-                    let h = self.store.data();
-                    h.calls
-                        .iter()
-                        .filter(|c| self.caps[c.cap].durable)
-                        .map(|c| PendingCall {
-                            id: c.id,
-                            capability: self.caps[c.cap].full_name(),
-                            args: c.args.clone(),
-                        })
-                        .collect()
-                };
+                let durable = self.pending();
                 if durable.is_empty() {
                     return Outcome::Error(
                         ErrorKind::Timeout,

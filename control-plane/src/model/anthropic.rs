@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::http::{post_json, status_error};
+use super::http::call_json;
 use super::{Model, ModelError, Request, Response, Role, ToolCall, Usage};
 
 pub const API_VERSION: &str = "2023-06-01";
@@ -107,14 +107,7 @@ impl Model for Anthropic {
             ("x-api-key", self.api_key.clone()),
             ("anthropic-version", API_VERSION.to_string()),
         ];
-        let body = serde_json::to_vec(&self.body(req))
-            .map_err(|e| ModelError::Permanent(e.to_string()))?;
-        let r = post_json(&url, &headers, body, timeout).await?;
-        if r.status != 200 {
-            return Err(status_error(&r));
-        }
-        let v: Value = serde_json::from_slice(&r.body).map_err(|e| bad(&e.to_string()))?;
-        parse(&v)
+        parse(&call_json(&url, &headers, &self.body(req), timeout).await?)
     }
 
     fn name(&self) -> String {

@@ -140,6 +140,23 @@ where
     sender.send_request(req).await.map_err(transient)
 }
 
+/// POSTs a JSON body and returns the JSON reply of a 200; any other status
+/// becomes the matching error, a non-JSON reply a permanent one.
+pub async fn call_json(
+    url: &str,
+    headers: &[(&str, String)],
+    body: &serde_json::Value,
+    timeout: Duration,
+) -> Result<serde_json::Value, ModelError> {
+    let bytes = serde_json::to_vec(body).map_err(|e| ModelError::Permanent(e.to_string()))?;
+    let r = post_json(url, headers, bytes, timeout).await?;
+    if r.status != 200 {
+        return Err(status_error(&r));
+    }
+    serde_json::from_slice(&r.body)
+        .map_err(|e| ModelError::Permanent(format!("reply from {url} is not JSON: {e}")))
+}
+
 /// Maps an HTTP status to the right error, with the provider's message.
 pub fn status_error(r: &Reply) -> ModelError {
     let text = String::from_utf8_lossy(&r.body);

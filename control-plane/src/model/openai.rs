@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::http::{post_json, status_error};
+use super::http::call_json;
 use super::{Model, ModelError, Request, Response, Role, ToolCall, Usage};
 
 pub struct OpenAi {
@@ -104,14 +104,7 @@ impl Model for OpenAi {
         if let Some(k) = &self.api_key {
             headers.push(("authorization", format!("Bearer {k}")));
         }
-        let body = serde_json::to_vec(&self.body(req))
-            .map_err(|e| ModelError::Permanent(e.to_string()))?;
-        let r = post_json(&url, &headers, body, timeout).await?;
-        if r.status != 200 {
-            return Err(status_error(&r));
-        }
-        let v: Value = serde_json::from_slice(&r.body).map_err(|e| bad(&e.to_string()))?;
-        parse(&v)
+        parse(&call_json(&url, &headers, &self.body(req), timeout).await?)
     }
 
     fn name(&self) -> String {
