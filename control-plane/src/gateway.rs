@@ -866,6 +866,7 @@ async fn drive(
     }
     let id = cmd.id.clone();
     let mut stored_bytes = cmd.stdout_bytes + cmd.stderr_bytes;
+    let mut running = cmd.state() == CommandState::Running;
     loop {
         let frame = tokio::select! {
             f = read_frame::<ToServer>(&mut recv) => f?,
@@ -892,6 +893,7 @@ async fn drive(
                         c.started_at_ms = s.started_at_ms;
                     },
                 )?;
+                running = true;
                 shared.notify(&id);
             }
             Some(to_server::Msg::Output(o)) => {
@@ -911,13 +913,16 @@ async fn drive(
                 };
                 shared.store.append_output(&id, stream, o.offset, &o.data)?;
                 // Running is implied by output (the Started frame may have
-                // gone to a previous connection).
-                let _ = shared.store.transition(
-                    &id,
-                    &[CommandState::Dispatched],
-                    CommandState::Running,
-                    |_| {},
-                );
+                // gone to a previous connection); checked once per stream.
+                if !running {
+                    running = true;
+                    let _ = shared.store.transition(
+                        &id,
+                        &[CommandState::Dispatched],
+                        CommandState::Running,
+                        |_| {},
+                    );
+                }
                 shared.notify(&id);
             }
             Some(to_server::Msg::Exit(x)) => {

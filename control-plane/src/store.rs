@@ -320,6 +320,10 @@ impl Store {
             let mut msg: M = decode(key, &old)?;
             f(&mut msg)?;
             let new = msg.encode_to_vec();
+            // Nothing changed (e.g. a transition that did not apply): no write.
+            if new == old {
+                return Ok(msg);
+            }
             if self
                 .kv
                 .compare_and_swap(space, key.as_bytes(), Some(&old), Some(&new))?
