@@ -120,23 +120,17 @@ impl StreamSocket {
                 }
             };
             let writer = async {
+                // Everything already queued goes out in one buffer, one flush.
+                let mut buf = Vec::new();
                 while let Some(d) = out_rx.recv().await {
-                    let mut frame = Vec::with_capacity(d.len() + 2);
-                    frame.extend_from_slice(&(d.len() as u16).to_be_bytes());
-                    frame.extend_from_slice(&d);
-                    if wr.write_all(&frame).await.is_err() {
-                        return;
+                    buf.clear();
+                    let mut next = Some(d);
+                    while let Some(d) = next {
+                        buf.extend_from_slice(&(d.len() as u16).to_be_bytes());
+                        buf.extend_from_slice(&d);
+                        next = out_rx.try_recv().ok();
                     }
-                    // Batch what is already queued before flushing.
-                    while let Ok(d) = out_rx.try_recv() {
-                        let mut frame = Vec::with_capacity(d.len() + 2);
-                        frame.extend_from_slice(&(d.len() as u16).to_be_bytes());
-                        frame.extend_from_slice(&d);
-                        if wr.write_all(&frame).await.is_err() {
-                            return;
-                        }
-                    }
-                    if wr.flush().await.is_err() {
+                    if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
                         return;
                     }
                 }
