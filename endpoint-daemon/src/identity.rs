@@ -120,11 +120,12 @@ impl Identity {
     }
 }
 
-fn keyring_user(machine_id: &str, dir: &Path) -> String {
-    // Several daemons (config dirs) on one account must not share a key.
+/// Keyring account name for `name` under this config dir. Several daemons
+/// (config dirs) on one account must not share entries.
+pub(crate) fn keyring_user(name: &str, dir: &Path) -> String {
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let h = crate::tls::hex(&crate::tls::sha256(dir.to_string_lossy().as_bytes()));
-    format!("{machine_id}:{}", &h[..16])
+    format!("{name}:{}", &h[..16])
 }
 
 /// Runs a keyring call on its own thread with a timeout: some backends

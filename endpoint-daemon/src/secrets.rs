@@ -58,9 +58,7 @@ fn save(dir: &Path, f: &SecretsFile) -> anyhow::Result<()> {
 }
 
 fn keyring_user(dir: &Path, name: &str) -> String {
-    let d = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let h = byom_wire::hex(&byom_wire::sha256(d.to_string_lossy().as_bytes()));
-    format!("{name}:{}", &h[..16])
+    crate::identity::keyring_user(name, dir)
 }
 
 fn store_kind(dir: &Path) -> KeyStore {
