@@ -670,6 +670,7 @@ impl Admin for Api {
             .await
             .map_err(store_err)?;
         let _ = self.shared.triggers_tx.send(t.clone());
+        self.shared.agents.wake.notify_one();
         Ok(Response::new(pb::SendEventResponse { trigger: Some(t) }))
     }
 
@@ -775,6 +776,25 @@ impl Admin for Api {
             .ok_or_else(|| Status::not_found(format!("no policy {id}: see `byom policy ls`")))?;
         self.shared.store.flush_async().await.map_err(store_err)?;
         Ok(Response::new(pb::PolicyResponse { policy: Some(p) }))
+    }
+
+    async fn agent(
+        &self,
+        req: Request<pb::AgentRequest>,
+    ) -> Result<Response<pb::AgentResponse>, Status> {
+        use crate::agent::query::{handle, QueryError};
+        let r = req.into_inner();
+        let v = handle(&self.shared, &r.op, &r.id, &r.json)
+            .await
+            .map_err(|e| match e {
+                QueryError::NotFound(m) => Status::not_found(m),
+                QueryError::Invalid(m) => Status::invalid_argument(m),
+                QueryError::Conflict(m) => Status::failed_precondition(m),
+                QueryError::Store(e) => store_err(e),
+            })?;
+        Ok(Response::new(pb::AgentResponse {
+            json: v.to_string(),
+        }))
     }
 
     type WatchCommandStream = WatchStream;
@@ -899,9 +919,14 @@ impl Admin for Api {
                     .map_err(store_err)?
                     .ok_or_else(|| Status::not_found(format!("no thread {id}")))?,
             ),
+            Some(Kind::Worker | Kind::Approval | Kind::Snapshot) => {
+                let text = crate::agent::driver::lookup(&self.shared.store, &id)
+                    .ok_or_else(|| Status::not_found(format!("no {id}")))?;
+                Object::AgentJson(text)
+            }
             Some(_) => {
                 return Err(Status::unimplemented(format!(
-                    "{id}: this kind of object does not exist yet"
+                    "{id}: this kind of object cannot be shown"
                 )))
             }
             None => match self.shared.store.resolve_machine(&id).map_err(store_err)? {

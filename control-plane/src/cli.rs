@@ -13,6 +13,8 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 
 use crate::client::{self, Client};
+
+mod agents;
 use crate::pki::now_ms;
 
 #[derive(Parser, Debug)]
@@ -66,7 +68,7 @@ pub enum Cmd {
     /// Who ran what where: the command audit trail.
     #[command(subcommand)]
     Audit(AuditCmd),
-    /// Show any object by ID (mch_…, cmd_…, tok_…) or a machine by name.
+    /// Show any object by ID (mch_, cmd_, tok_, trg_, thr_, wrk_, apr_, snp_) or a machine by name.
     Show {
         id: String,
         #[arg(long)]
@@ -77,6 +79,25 @@ pub enum Cmd {
     /// Run JavaScript in the sandboxed code interpreter.
     #[command(subcommand)]
     Js(crate::js::JsCmd),
+    /// Tasks the agent is working on (top-level workers).
+    #[command(subcommand, alias = "task")]
+    Tasks(agents::TasksCmd),
+    /// Workers and subagents, with their transcripts.
+    #[command(subcommand, alias = "worker")]
+    Workers(agents::WorkersCmd),
+    /// Conversations on channels, with the agent's replies.
+    #[command(subcommand, alias = "thread")]
+    Threads(agents::ThreadsCmd),
+    /// Questions paused programs wait on: list, approve, deny.
+    #[command(subcommand, alias = "approval")]
+    Approvals(agents::ApprovalsCmd),
+    /// The Router's figures: turns, decisions, tokens.
+    Router {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Talk to the agent on a chat thread from the terminal.
+    Chat(agents::ChatArgs),
 }
 
 #[derive(Args, Debug)]
@@ -104,6 +125,41 @@ pub struct ServerArgs {
     /// Lifetime of machine certificates (renewed automatically).
     #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     pub cert_ttl: Duration,
+    #[command(flatten)]
+    pub models: ModelArgs,
+}
+
+/// Which model the agents use. Keys come from the environment only
+/// (OPENAI_API_KEY, ANTHROPIC_API_KEY), never from flags.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model for the Router and the Workers: `scripted` (offline, rule-based,
+    /// not a language model), `openai:NAME` or `anthropic:NAME`.
+    #[arg(long, env = "BYOM_MODEL", default_value = "scripted")]
+    pub model: String,
+    /// Model for the Router only (a light, fast one), overriding --model.
+    #[arg(long, env = "BYOM_ROUTER_MODEL")]
+    pub router_model: Option<String>,
+    /// Model for the Workers only (a strong one), overriding --model.
+    #[arg(long, env = "BYOM_WORKER_MODEL")]
+    pub worker_model: Option<String>,
+    /// Base URL for openai: models (OpenAI, DeepSeek, vLLM, Ollama, llama.cpp).
+    #[arg(
+        long,
+        env = "OPENAI_BASE_URL",
+        default_value = "https://api.openai.com/v1"
+    )]
+    pub openai_base_url: String,
+    /// Base URL for anthropic: models.
+    #[arg(
+        long,
+        env = "ANTHROPIC_BASE_URL",
+        default_value = "https://api.anthropic.com"
+    )]
+    pub anthropic_base_url: String,
+    /// The scripted model's latency: BASE[,PER_NEW_INPUT_TOKEN,PER_OUTPUT_TOKEN].
+    #[arg(long, env = "BYOM_SCRIPTED_LATENCY", default_value = "0ms")]
+    pub scripted_latency: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -596,6 +652,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 listen_webhook: a.listen_webhook,
                 public_addr: a.public_addr,
                 cert_ttl: a.cert_ttl,
+                models: a.models,
             })
             .await?;
             Ok(0)
@@ -614,6 +671,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 Cmd::Events(x) => events(&mut c, x).await,
                 Cmd::Policy(x) => policies(&mut c, x).await,
                 Cmd::Show { id, json } => show(&mut c, &id, json).await,
+                Cmd::Tasks(x) => agents::tasks(&mut c, x).await,
+                Cmd::Workers(x) => agents::workers(&mut c, x).await,
+                Cmd::Threads(x) => agents::threads(&mut c, x).await,
+                Cmd::Approvals(x) => agents::approvals(&mut c, x).await,
+                Cmd::Router { json } => agents::router(&mut c, json).await,
+                Cmd::Chat(x) => agents::chat(&mut c, x).await,
                 Cmd::Server(_) | Cmd::Demo(_) | Cmd::Js(_) => unreachable!("handled above"),
             }
         }
@@ -1260,6 +1323,22 @@ async fn show(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
                 if t.revoked {
                     println!("  revoked");
                 }
+            }
+        }
+        Some(Object::AgentJson(text)) => {
+            if id.starts_with("wrk_") && !json {
+                return agents::workers(
+                    c,
+                    agents::WorkersCmd::Show {
+                        id: id.to_string(),
+                        json,
+                    },
+                )
+                .await;
+            }
+            match serde_json::from_str::<Value>(&text) {
+                Ok(v) => print_json(&v),
+                Err(_) => println!("{text}"),
             }
         }
         None => bail!("{id}: nothing to show"),

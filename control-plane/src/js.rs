@@ -104,8 +104,12 @@ fn snapshot_key() -> anyhow::Result<Vec<u8>> {
         anyhow::ensure!(k.len() >= 16, "BYOM_JS_KEY must be at least 16 characters");
         return Ok(k.into_bytes());
     }
-    let path = crate::client::default_data_dir().join("js-snapshot.key");
-    if let Ok(k) = std::fs::read(&path) {
+    load_or_create_key(&crate::client::default_data_dir().join("js-snapshot.key"))
+}
+
+/// A random 32-byte key kept (0600) at `path`, made on first use.
+pub fn load_or_create_key(path: &Path) -> anyhow::Result<Vec<u8>> {
+    if let Ok(k) = std::fs::read(path) {
         if k.len() >= 32 {
             return Ok(k);
         }
@@ -113,7 +117,7 @@ fn snapshot_key() -> anyhow::Result<Vec<u8>> {
     let mut k = vec![0u8; 32];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut k)
         .map_err(|_| anyhow::anyhow!("no randomness"))?;
-    byom_wire::write_atomic(&path, &k, 0o600)
+    byom_wire::write_atomic(path, &k, 0o600)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(k)
 }

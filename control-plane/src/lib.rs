@@ -9,6 +9,7 @@
 //! [`store::Store`] over a [`store::Backend`], [`pki::Pki`],
 //! [`gateway::LiveMachine`], and the CLI in [`cli`].
 
+pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod client;

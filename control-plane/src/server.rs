@@ -34,6 +34,7 @@ pub struct ServerOptions {
     pub cert_ttl: Duration,
     /// HTTP address for webhooks (POST /hooks/SOURCE, HMAC-signed).
     pub listen_webhook: SocketAddr,
+    pub models: crate::cli::ModelArgs,
 }
 
 /// How often queued commands are checked against their TTL.
@@ -68,6 +69,8 @@ pub struct Shared {
     pub rules: crate::triggers::Rules,
     /// Every stored trigger, for `byom events tail`.
     pub triggers_tx: tokio::sync::broadcast::Sender<pb::Trigger>,
+    /// The agent loop's inbox bell and internal event channel.
+    pub agents: crate::agent::driver::AgentHandle,
 }
 
 /// Triggers buffered for slow `events tail` watchers (they skip ahead).
@@ -141,6 +144,8 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .with_context(|| format!("cannot bind webhooks on {}", opts.listen_webhook))?;
     let webhook_addr = webhook_listener.local_addr()?;
     let rules = crate::triggers::Rules::load(&opts.data_dir)?;
+    let agent_cfg = Arc::new(agent_config(&opts)?);
+    let (agent_tx, agent_rx) = tokio::sync::mpsc::channel(crate::agent::driver::INTERNAL_EVENTS);
     let webhook_key = crate::webhook::load_or_create_key(&opts.data_dir)?;
 
     let public_addr = match &opts.public_addr {
@@ -179,6 +184,10 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         pki,
         rules,
         triggers_tx: tokio::sync::broadcast::channel(TAIL_BUFFER).0,
+        agents: crate::agent::driver::AgentHandle {
+            wake: tokio::sync::Notify::new(),
+            events: agent_tx,
+        },
     });
 
     let quic_cfg = crate::tls::quic_server_config(&shared.pki, revoked)?;
@@ -252,6 +261,11 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     ));
     let api = tokio::spawn(crate::api::serve(shared.clone(), api_listener, api_tls));
     let sweeper = tokio::spawn(sweep_queue(shared.clone()));
+    let agents = tokio::spawn(crate::agent::driver::run(
+        shared.clone(),
+        agent_cfg,
+        agent_rx,
+    ));
 
     shutdown_signal().await;
     tracing::info!("shutting down: work stays in the store");
@@ -265,10 +279,43 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         let _ = gw.await;
         let _ = api.await;
         let _ = sweeper.await;
+        let _ = agents.await;
     })
     .await;
     shared.store.flush_async().await?;
     Ok(())
+}
+
+/// Models, budgets (`<data-dir>/agents.toml`, `[budgets]`) and the
+/// interpreter's snapshot key (`<data-dir>/js-snapshot.key`).
+fn agent_config(opts: &ServerOptions) -> anyhow::Result<crate::agent::driver::AgentConfig> {
+    let m = &opts.models;
+    let router = m.router_model.clone().unwrap_or_else(|| m.model.clone());
+    let worker = m.worker_model.clone().unwrap_or_else(|| m.model.clone());
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default, deny_unknown_fields)]
+    struct File {
+        budgets: crate::agent::Budgets,
+    }
+    let path = opts.data_dir.join("agents.toml");
+    let file: File = match std::fs::read_to_string(&path) {
+        Ok(t) => toml::from_str(&t)
+            .map_err(|e| anyhow::anyhow!("{} is not valid: {e}", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(router = %router, worker = %worker, "agent models");
+    Ok(crate::agent::driver::AgentConfig {
+        router_model: crate::model::from_spec(&router, m)?,
+        worker_model: crate::model::from_spec(&worker, m)?,
+        budgets: file.budgets,
+        retry: crate::model::RetryPolicy::default(),
+        js_key: crate::js::load_or_create_key(&opts.data_dir.join("js-snapshot.key"))?,
+        js_limits: byom_sandbox::Limits {
+            wall_clock: Duration::from_secs(10),
+            ..byom_sandbox::Limits::default()
+        },
+    })
 }
 
 /// TLS handshakes on the TCP fallback in progress at once.

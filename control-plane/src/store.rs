@@ -54,10 +54,15 @@ pub enum Space {
     ThreadKeys,
     /// Natural-language Router policies.
     Policies,
+    /// Agent records (`r/router`, `r/wrk_…`, `r/apr_…`) and the agent inbox
+    /// (`i/<time><seq>` → event), in one space so a step commits atomically.
+    Agents,
+    /// Paused interpreters: `snp_…` → snapshot bytes.
+    Snapshots,
 }
 
 impl Space {
-    const ALL: [Space; 11] = [
+    const ALL: [Space; 13] = [
         Space::Tokens,
         Space::TokenSecrets,
         Space::Machines,
@@ -69,6 +74,8 @@ impl Space {
         Space::Threads,
         Space::ThreadKeys,
         Space::Policies,
+        Space::Agents,
+        Space::Snapshots,
     ];
     fn name(self) -> &'static str {
         match self {
@@ -83,6 +90,8 @@ impl Space {
             Space::Threads => "threads",
             Space::ThreadKeys => "thread_keys",
             Space::Policies => "policies",
+            Space::Agents => "agents",
+            Space::Snapshots => "snapshots",
         }
     }
 }
@@ -114,6 +123,37 @@ pub trait Backend: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<Kv>>;
     fn flush(&self) -> Result<()>;
+    /// Applies every write (None: delete) atomically, across spaces.
+    fn batch(&self, ops: &[Op]) -> Result<()>;
+}
+
+/// One write in a [`Backend::batch`].
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub space: Space,
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+}
+
+impl Op {
+    pub fn put(space: Space, key: impl Into<Vec<u8>>, value: Vec<u8>) -> Op {
+        Op {
+            space,
+            key: key.into(),
+            value: Some(value),
+        }
+    }
+    pub fn delete(space: Space, key: impl Into<Vec<u8>>) -> Op {
+        Op {
+            space,
+            key: key.into(),
+            value: None,
+        }
+    }
+    /// A trigger record.
+    pub fn trigger(t: &pb::Trigger) -> Op {
+        Op::put(Space::Triggers, t.id.as_bytes(), t.encode_to_vec())
+    }
 }
 
 pub struct SledBackend {
@@ -216,6 +256,38 @@ impl Backend for SledBackend {
     fn flush(&self) -> Result<()> {
         self.db.flush().map_err(io)?;
         Ok(())
+    }
+    fn batch(&self, ops: &[Op]) -> Result<()> {
+        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+        let spaces: Vec<Space> = {
+            let mut v: Vec<Space> = ops.iter().map(|o| o.space).collect();
+            v.dedup();
+            v.sort_by_key(|s| s.name());
+            v.dedup();
+            v
+        };
+        let trees: Vec<sled::Tree> = spaces.iter().map(|s| self.tree(*s).clone()).collect();
+        let r: std::result::Result<(), TransactionError<()>> = trees.as_slice().transaction(|tx| {
+            for op in ops {
+                let Some(i) = spaces.iter().position(|s| *s == op.space) else {
+                    return Err(ConflictableTransactionError::Abort(()));
+                };
+                match &op.value {
+                    Some(v) => {
+                        tx[i].insert(op.key.as_slice(), v.as_slice())?;
+                    }
+                    None => {
+                        tx[i].remove(op.key.as_slice())?;
+                    }
+                }
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(()),
+            Err(TransactionError::Storage(e)) => Err(io(e)),
+            Err(TransactionError::Abort(())) => Err(StoreError::Io("batch aborted".into())),
+        }
     }
 }
 
@@ -701,6 +773,11 @@ impl Store {
         Ok(t.clone())
     }
 
+    /// Newest first.
+    pub fn list_threads(&self, limit: usize) -> Result<Vec<pb::Thread>> {
+        self.list_msgs(Space::Threads, limit)
+    }
+
     pub fn get_thread(&self, id: &str) -> Result<Option<pb::Thread>> {
         self.get_msg(Space::Threads, id)
     }
@@ -748,6 +825,61 @@ impl Store {
             self.kv.delete(Space::Policies, id.as_bytes())?;
         }
         Ok(p)
+    }
+
+    // ── agents ──
+
+    /// Applies writes atomically (see [`Backend::batch`]).
+    pub fn batch(&self, ops: &[Op]) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.kv.batch(ops)
+    }
+
+    /// Every agent record: (key without `r/`, JSON bytes).
+    pub fn agent_records(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let end = prefix_end(b"r/").unwrap_or_default();
+        Ok(self
+            .kv
+            .range(
+                Space::Agents,
+                Bound::Included(b"r/".as_slice()),
+                Bound::Excluded(end.as_slice()),
+                false,
+                usize::MAX,
+            )?
+            .into_iter()
+            .map(|(k, v)| (String::from_utf8_lossy(&k[2..]).into_owned(), v))
+            .collect())
+    }
+
+    pub fn agent_record(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.kv.get(Space::Agents, format!("r/{key}").as_bytes())
+    }
+
+    /// The oldest `limit` inbox entries: (full key, JSON event).
+    pub fn agent_inbox(&self, limit: usize) -> Result<Vec<Kv>> {
+        let end = prefix_end(b"i/").unwrap_or_default();
+        self.kv.range(
+            Space::Agents,
+            Bound::Included(b"i/".as_slice()),
+            Bound::Excluded(end.as_slice()),
+            false,
+            limit,
+        )
+    }
+
+    pub fn put_snapshot(&self, id: &str, bytes: &[u8]) -> Result<()> {
+        self.kv.put(Space::Snapshots, id.as_bytes(), bytes)
+    }
+
+    pub fn get_snapshot(&self, id: &str) -> Result<Option<Vec<u8>>> {
+        self.kv.get(Space::Snapshots, id.as_bytes())
+    }
+
+    pub fn delete_snapshot(&self, id: &str) -> Result<()> {
+        self.kv.delete(Space::Snapshots, id.as_bytes())
     }
 
     // ── output ──

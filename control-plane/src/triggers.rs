@@ -1,6 +1,7 @@
 //! Triggers in: every event from a channel (CLI, gRPC, webhook) becomes a
 //! stored trigger on a thread before anything else happens; the fast path
-//! (code, per source, no model) then decides `ignored` or `candidate`.
+//! (code, per source, no model) decides `ignored` or `candidate`, and a
+//! candidate enters the agents' inbox in the same atomic write.
 //!
 //! Fast-path rules live in `<data-dir>/sources.toml`:
 //!
@@ -21,8 +22,9 @@ use byom_protocol::id::{ThreadId, TriggerId};
 use byom_protocol::pb::{self, TriggerDecision};
 use serde::Deserialize;
 
+use crate::agent::core::{Event, TriggerInfo};
 use crate::pki::now_ms;
-use crate::store::Store;
+use crate::store::{Op, Store};
 
 /// Longest event text stored; longer text is cut (the cut is said).
 pub const MAX_TRIGGER_TEXT: usize = 64 * 1024;
@@ -141,13 +143,26 @@ pub async fn ingest(
         created_at_ms: now,
         ..Default::default()
     };
-    // Stored before anything else happens.
-    store.put_trigger(&t)?;
-    store.flush_async().await?;
     let (decision, reason) = decide(rules, &t);
     t.set_decision(decision);
     t.reason = reason;
-    store.put_trigger(&t)?;
+    // Stored before anything else happens, together with its place in the
+    // agents' inbox, so a candidate is never stored but forgotten.
+    let mut ops = vec![Op::trigger(&t)];
+    if decision == TriggerDecision::Candidate {
+        ops.push(crate::agent::driver::inbox_op(&Event::Trigger(
+            TriggerInfo {
+                id: t.id.clone(),
+                thread: t.thread_id.clone(),
+                source: t.source.clone(),
+                user: t.user.clone(),
+                text: t.text.clone(),
+                mention: t.mention,
+            },
+        )));
+    }
+    store.batch(&ops)?;
+    store.flush_async().await?;
     let _ = store.touch_thread(&thread.id, now);
     Ok(t)
 }

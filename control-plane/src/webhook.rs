@@ -139,6 +139,7 @@ async fn handle(
     match crate::triggers::ingest(&shared.store, &shared.rules, ev).await {
         Ok(t) => {
             let _ = shared.triggers_tx.send(t.clone());
+            shared.agents.wake.notify_one();
             reply(
                 202,
                 json!({"trigger": t.id, "thread": t.thread_id, "decision": crate::cli::trigger_json(&t)["decision"]}),

@@ -15,10 +15,11 @@ pub enum Kind {
     Worker,
     Snapshot,
     Policy,
+    Approval,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Machine,
         Kind::Token,
         Kind::Command,
@@ -27,6 +28,7 @@ impl Kind {
         Kind::Worker,
         Kind::Snapshot,
         Kind::Policy,
+        Kind::Approval,
     ];
 
     pub fn prefix(self) -> &'static str {
@@ -39,6 +41,7 @@ impl Kind {
             Kind::Worker => "wrk_",
             Kind::Snapshot => "snp_",
             Kind::Policy => "pol_",
+            Kind::Approval => "apr_",
         }
     }
 
@@ -130,6 +133,9 @@ typed_id!(CommandId, Kind::Command, "command");
 typed_id!(TriggerId, Kind::Trigger, "trigger");
 typed_id!(ThreadId, Kind::Thread, "thread");
 typed_id!(PolicyId, Kind::Policy, "policy");
+typed_id!(WorkerId, Kind::Worker, "worker");
+typed_id!(SnapshotId, Kind::Snapshot, "snapshot");
+typed_id!(ApprovalId, Kind::Approval, "approval");
 
 #[cfg(test)]
 mod tests {

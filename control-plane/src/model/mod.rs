@@ -10,6 +10,7 @@
 mod anthropic;
 mod http;
 mod openai;
+pub mod scripted;
 
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use serde_json::Value;
 
 pub use anthropic::Anthropic;
 pub use openai::OpenAi;
+pub use scripted::{Latency, Scripted};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -188,5 +190,34 @@ pub async fn complete(
     Err(ModelError::GaveUp {
         attempts: policy.max_attempts,
         last,
+    })
+}
+
+/// A model from its name: `scripted`, `openai:NAME`, `anthropic:NAME`.
+pub fn from_spec(
+    spec: &str,
+    a: &crate::cli::ModelArgs,
+) -> anyhow::Result<std::sync::Arc<dyn Model>> {
+    let (kind, name) = spec.split_once(':').unwrap_or((spec, ""));
+    Ok(match kind {
+        "scripted" => std::sync::Arc::new(Scripted::new(
+            Latency::parse(&a.scripted_latency).map_err(anyhow::Error::msg)?,
+        )),
+        "openai" if !name.is_empty() => std::sync::Arc::new(OpenAi {
+            base_url: a.openai_base_url.trim_end_matches('/').to_string(),
+            model: name.to_string(),
+            api_key: std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()),
+        }),
+        "anthropic" if !name.is_empty() => std::sync::Arc::new(Anthropic {
+            base_url: a.anthropic_base_url.trim_end_matches('/').to_string(),
+            model: name.to_string(),
+            api_key: std::env::var("ANTHROPIC_API_KEY")
+                .ok()
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| anyhow::anyhow!("anthropic:{name} needs ANTHROPIC_API_KEY in the environment"))?,
+        }),
+        _ => anyhow::bail!(
+            "unknown model {spec:?}: use scripted, openai:NAME (with OPENAI_BASE_URL, OPENAI_API_KEY) or anthropic:NAME (with ANTHROPIC_API_KEY)"
+        ),
     })
 }

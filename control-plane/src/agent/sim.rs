@@ -1,0 +1,487 @@
+//! Simulated time: the same [`Core`] the server runs, driven by a virtual
+//! clock and an event heap instead of sockets and sleeps. The scripted model
+//! answers with its latency model (time advances, nobody waits), machines
+//! are simulated (a command takes `command_ms` and echoes), and programs run
+//! in the real interpreter with snapshots kept in memory. A 300-message day
+//! replays in well under a second; the same seed replays the same run.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+use byom_protocol::id::{encode_body, Kind};
+use byom_sandbox::{Engine, Interpreter, Limits, Outcome, Snapshot};
+use serde::Serialize;
+
+use super::core::{
+    CommandResult, Core, Effect, Event, JsCallReq, JsOutcome, TriggerInfo, WorkerStatus, World,
+};
+use super::Budgets;
+use crate::model::scripted::{Latency, Scripted};
+use crate::model::Usage;
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub latency: Latency,
+    /// How long a simulated command runs.
+    pub command_ms: u64,
+    /// Triggers on subscribed threads go straight to their workers.
+    pub pass_through: bool,
+    pub budgets: Budgets,
+    /// Machines that exist (names).
+    pub machines: Vec<String>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            latency: Latency {
+                base: Duration::from_millis(400),
+                per_input_token: Duration::from_micros(20),
+                per_output_token: Duration::from_millis(8),
+            },
+            command_ms: 1500,
+            pass_through: true,
+            budgets: Budgets::default(),
+            machines: vec!["lap".into(), "ci".into()],
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SimReport {
+    pub triggers: usize,
+    pub replies: usize,
+    pub tasks: usize,
+    pub tasks_finished: usize,
+    pub tasks_unfinished: Vec<String>,
+    pub subagents: usize,
+    pub router_turns: u64,
+    pub router_model_calls: u64,
+    pub router_decisions: u64,
+    pub passed_through: u64,
+    pub worker_model_calls: u64,
+    pub router_usage: Usage,
+    pub worker_usage: Usage,
+    pub commands: usize,
+    pub programs: usize,
+    pub simulated_ms: u64,
+    pub wall_ms: f64,
+    /// Median time from a request to the first reply on its thread.
+    pub reply_p50_ms: u64,
+    pub quiescent: bool,
+}
+
+struct SimWorld {
+    now: u64,
+    seq: u64,
+    policies: Vec<String>,
+    machines: Vec<String>,
+    triggers: HashMap<String, TriggerInfo>,
+}
+
+impl World for SimWorld {
+    fn now(&self) -> u64 {
+        self.now
+    }
+    fn new_id(&mut self, kind: Kind) -> String {
+        self.seq += 1;
+        let mut r = [0u8; 10];
+        r[2..].copy_from_slice(&self.seq.to_be_bytes());
+        format!("{}{}", kind.prefix(), encode_body(self.now, r))
+    }
+    fn policies(&self) -> Vec<String> {
+        self.policies.clone()
+    }
+    fn machines(&self) -> Vec<String> {
+        self.machines
+            .iter()
+            .map(|m| format!("{m} (online)"))
+            .collect()
+    }
+    fn lookup(&self, id: &str) -> Option<String> {
+        let t = self.triggers.get(id)?;
+        serde_json::to_string(&serde_json::json!({
+            "thread_id": t.thread, "source": t.source, "user": t.user,
+            "text": t.text, "mention": t.mention
+        }))
+        .ok()
+    }
+}
+
+/// A deterministic generator (xorshift64*), so a seed is a whole workload.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// A working day on a team chat: `n` messages over eight hours, mixing new
+/// requests, follow-ups in the same threads, parallel checks with an
+/// approval, chatter, and the odd cancel. Returns (time, trigger) pairs.
+pub fn day(n: usize, seed: u64) -> Vec<(u64, TriggerInfo)> {
+    let mut rng = Rng::new(seed);
+    let span = 8 * 3600 * 1000u64;
+    let users = ["ada", "bob", "cy", "dee", "eve"];
+    let mut threads: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    let mut t = 0u64;
+    for i in 0..n {
+        t += rng.below(2 * span / n as u64 + 1);
+        let user = users[rng.below(users.len() as u64) as usize].to_string();
+        let roll = rng.below(100);
+        let (thread, text, mention) = if roll < 35 || threads.is_empty() {
+            let th = format!("thr_sim{i:04}");
+            threads.push(th.clone());
+            let cmds = ["uname -s", "df -h /", "uptime", "git status", "cargo test"];
+            let c = cmds[rng.below(cmds.len() as u64) as usize];
+            (th, format!("please run `{c}` on lap"), true)
+        } else if roll < 60 {
+            let th = threads[rng.below(threads.len() as u64) as usize].clone();
+            (th, "also run `ls /tmp` on lap".to_string(), false)
+        } else if roll < 65 {
+            let th = format!("thr_sim{i:04}");
+            threads.push(th.clone());
+            (
+                th,
+                "check `uptime`, `df -h /` and `free -m` on lap in parallel, then ask me before running `echo cleaned`".to_string(),
+                true,
+            )
+        } else if roll < 70 {
+            let th = threads[rng.below(threads.len() as u64) as usize].clone();
+            (th, "yes".to_string(), false)
+        } else if roll < 73 {
+            let th = threads[rng.below(threads.len() as u64) as usize].clone();
+            (th, "stop that please, cancel".to_string(), false)
+        } else {
+            let th = threads[rng.below(threads.len() as u64) as usize].clone();
+            let chatter = ["lunch?", "thanks!", "nice", "see the standup notes", "brb"];
+            (
+                th,
+                chatter[rng.below(chatter.len() as u64) as usize].to_string(),
+                false,
+            )
+        };
+        out.push((
+            t,
+            TriggerInfo {
+                id: format!("trg_sim{i:05}"),
+                thread,
+                source: "chat".into(),
+                user,
+                text,
+                mention,
+            },
+        ));
+    }
+    out
+}
+
+/// Replays `events` in simulated time until everything settles (or a
+/// simulated week passes).
+pub async fn run(events: Vec<(u64, TriggerInfo)>, cfg: &SimConfig) -> anyhow::Result<SimReport> {
+    let started = Instant::now();
+    let mut core = Core::new(cfg.budgets.clone());
+    core.pass_through = cfg.pass_through;
+    let model = Scripted::new(cfg.latency);
+    let engine = Engine::shared()?;
+    let key = b"simulation-snapshot-key-0123456789".to_vec();
+    let caps = super::driver::js_capabilities(&cfg.budgets);
+    let limits = Limits::default();
+    let mut world = SimWorld {
+        now: 0,
+        seq: 0,
+        policies: vec!["ignore anything about \"standup\"".into()],
+        machines: cfg.machines.clone(),
+        triggers: HashMap::new(),
+    };
+    let mut heap: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
+    let mut pending: HashMap<usize, Event> = HashMap::new();
+    let mut seq = 0u64;
+    let mut push = |heap: &mut BinaryHeap<Reverse<(u64, u64, usize)>>,
+                    pending: &mut HashMap<usize, Event>,
+                    at: u64,
+                    ev: Event| {
+        seq += 1;
+        let slot = seq as usize;
+        pending.insert(slot, ev);
+        heap.push(Reverse((at, seq, slot)));
+    };
+    let mut asked_at: BTreeMap<String, u64> = BTreeMap::new();
+    let mut reply_lat: Vec<u64> = Vec::new();
+    let mut report = SimReport::default();
+    for (at, t) in events {
+        report.triggers += 1;
+        push(&mut heap, &mut pending, at, Event::Trigger(t));
+    }
+    let mut snapshots: HashMap<String, Vec<u8>> = HashMap::new();
+    let limit = 7 * 24 * 3600 * 1000u64;
+    let mut steps = 0u64;
+    while let Some(Reverse((at, _, slot))) = heap.pop() {
+        steps += 1;
+        if at > limit || steps > 10_000_000 {
+            break;
+        }
+        world.now = world.now.max(at);
+        let Some(ev) = pending.remove(&slot) else {
+            continue;
+        };
+        if let Event::Trigger(t) = &ev {
+            world.triggers.insert(t.id.clone(), t.clone());
+            if t.mention {
+                asked_at.entry(t.thread.clone()).or_insert(world.now);
+            }
+        }
+        let fx = core.handle(&mut world, ev);
+        core.take_dirty();
+        for e in fx {
+            match e {
+                Effect::CallModel {
+                    session,
+                    turn,
+                    request,
+                    kind,
+                } => {
+                    let (resp, latency) = model.respond(&request);
+                    if kind == super::core::SessionKind::Worker {
+                        report.worker_model_calls += 1;
+                        report.worker_usage += resp.usage;
+                    }
+                    push(
+                        &mut heap,
+                        &mut pending,
+                        world.now + latency.as_millis() as u64,
+                        Event::ModelDone {
+                            session,
+                            turn,
+                            result: Ok(resp),
+                        },
+                    );
+                }
+                Effect::StartCommand {
+                    worker,
+                    cmd,
+                    machine,
+                    command,
+                    ..
+                } => {
+                    report.commands += 1;
+                    let stdout = match command.strip_prefix("echo ") {
+                        Some(rest) => format!("{rest}\n"),
+                        None => format!("(simulated output of `{command}` on {machine})\n"),
+                    };
+                    push(
+                        &mut heap,
+                        &mut pending,
+                        world.now + cfg.command_ms,
+                        Event::CommandDone {
+                            worker,
+                            cmd,
+                            result: CommandResult {
+                                state: "exited".into(),
+                                exit_code: Some(0),
+                                stdout,
+                                stderr: String::new(),
+                                duration_ms: cfg.command_ms,
+                                reason: String::new(),
+                            },
+                        },
+                    );
+                }
+                Effect::StopCommand { cmd, reason } => {
+                    let worker = core
+                        .workers
+                        .iter()
+                        .find(|(_, w)| w.commands.contains_key(&cmd))
+                        .map(|(k, _)| k.clone())
+                        .unwrap_or_default();
+                    push(
+                        &mut heap,
+                        &mut pending,
+                        world.now,
+                        Event::CommandDone {
+                            worker,
+                            cmd,
+                            result: CommandResult {
+                                state: "cancelled".into(),
+                                exit_code: None,
+                                stdout: String::new(),
+                                stderr: String::new(),
+                                duration_ms: 0,
+                                reason,
+                            },
+                        },
+                    );
+                }
+                Effect::RunJs {
+                    worker,
+                    run,
+                    code,
+                    clock_ms,
+                } => {
+                    report.programs += 1;
+                    let mut it =
+                        Interpreter::new_at(&engine, limits.clone(), caps.clone(), &key, clock_ms)?;
+                    let out = it.eval(&code).await;
+                    let outcome = js_outcome(out, it.take_logs(), &mut world, &mut snapshots);
+                    push(
+                        &mut heap,
+                        &mut pending,
+                        world.now,
+                        Event::JsDone {
+                            worker,
+                            run,
+                            outcome,
+                        },
+                    );
+                }
+                Effect::ResumeJs {
+                    worker,
+                    run,
+                    snapshot,
+                    call,
+                    result,
+                } => {
+                    let outcome = match snapshots.get(&snapshot) {
+                        None => JsOutcome::Error {
+                            kind: "bad_snapshot".into(),
+                            message: format!("no snapshot {snapshot}"),
+                        },
+                        Some(bytes) => {
+                            let snap = Snapshot::from_bytes(bytes.clone());
+                            match Interpreter::restore(
+                                &engine,
+                                limits.clone(),
+                                caps.clone(),
+                                &snap,
+                                &key,
+                            ) {
+                                Ok(mut it) => {
+                                    let out = it.resume(call, result).await;
+                                    js_outcome(out, it.take_logs(), &mut world, &mut snapshots)
+                                }
+                                Err((k, m)) => JsOutcome::Error {
+                                    kind: k.name().into(),
+                                    message: m,
+                                },
+                            }
+                        }
+                    };
+                    push(
+                        &mut heap,
+                        &mut pending,
+                        world.now,
+                        Event::JsDone {
+                            worker,
+                            run,
+                            outcome,
+                        },
+                    );
+                }
+                Effect::DropSnapshot { snapshot } => {
+                    snapshots.remove(&snapshot);
+                }
+                Effect::Reply(r) => {
+                    report.replies += 1;
+                    if let Some(t0) = asked_at.remove(&r.thread) {
+                        reply_lat.push(world.now - t0);
+                    }
+                    // A question is answered by its asker a minute later.
+                    if r.text.starts_with("Approval needed") {
+                        let id = format!("trg_ans{}", report.replies);
+                        push(
+                            &mut heap,
+                            &mut pending,
+                            world.now + 60_000,
+                            Event::Trigger(TriggerInfo {
+                                id,
+                                thread: r.thread.clone(),
+                                source: r.source.clone(),
+                                user: "ada".into(),
+                                text: "yes, go ahead".into(),
+                                mention: false,
+                            }),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    report.simulated_ms = world.now;
+    report.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let s = &core.router.stats;
+    report.router_turns = s.turns;
+    report.router_model_calls = s.model_calls;
+    report.router_decisions = s.decisions;
+    report.passed_through = s.passed_through;
+    report.router_usage = s.usage;
+    for w in core.workers.values() {
+        if w.parent.is_some() {
+            report.subagents += 1;
+            continue;
+        }
+        report.tasks += 1;
+        let finished = matches!(
+            w.status,
+            WorkerStatus::Idle
+                | WorkerStatus::Done
+                | WorkerStatus::Cancelled
+                | WorkerStatus::Failed
+        ) && w.in_flight.is_none()
+            && w.inbox.is_empty();
+        if finished {
+            report.tasks_finished += 1;
+        } else {
+            report
+                .tasks_unfinished
+                .push(format!("{} ({})", w.id, w.status.name()));
+        }
+    }
+    reply_lat.sort_unstable();
+    report.reply_p50_ms = reply_lat.get(reply_lat.len() / 2).copied().unwrap_or(0);
+    report.quiescent = core.quiescent();
+    Ok(report)
+}
+
+fn js_outcome(
+    out: Outcome,
+    logs: Vec<String>,
+    world: &mut SimWorld,
+    snapshots: &mut HashMap<String, Vec<u8>>,
+) -> JsOutcome {
+    match out {
+        Outcome::Done(result) => JsOutcome::Done { result, logs },
+        Outcome::Error(k, m) => JsOutcome::Error {
+            kind: k.name().into(),
+            message: m,
+        },
+        Outcome::Paused(snap) => {
+            let pending = snap.pending_unverified().unwrap_or_default();
+            let id = world.new_id(Kind::Snapshot);
+            snapshots.insert(id.clone(), snap.into_bytes());
+            JsOutcome::Paused {
+                snapshot: id,
+                pending: pending
+                    .into_iter()
+                    .map(|p| JsCallReq {
+                        id: p.id,
+                        capability: p.capability,
+                        args: p.args,
+                    })
+                    .collect(),
+            }
+        }
+    }
+}
