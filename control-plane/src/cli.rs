@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::client::{self, Client};
 
-mod agents;
+pub mod agents;
 use crate::pki::now_ms;
 
 #[derive(Parser, Debug)]

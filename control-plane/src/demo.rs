@@ -1,7 +1,11 @@
-//! `byom demo`: the whole machine path on one laptop, in a temp dir, on free
-//! loopback ports: a real `byom server`, a real `byomd` paired with a fresh
-//! one-time token, commands streamed back, one command queued while the
-//! daemon is down and delivered when it returns. Cleans up after itself.
+//! `byom demo`: the whole story on one laptop, in a temp dir, on free
+//! loopback ports, offline with the scripted model: a real `byom server`, a
+//! real `byomd` paired with a fresh one-time token, commands streamed back,
+//! one queued while the daemon is down; then the agent: a chat message
+//! becomes a task on the laptop, a follow-up passes through to its worker,
+//! a program spawns three subagents and asks for approval, the server is
+//! killed during the pause and restarted, the approval comes from the CLI,
+//! and the program continues. Cleans up after itself.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -237,36 +241,9 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
         dir.display()
     );
 
-    println!("1. start `byom server` on free loopback ports");
+    println!("1. start `byom server` on free loopback ports (scripted model: offline, not a language model)");
     let data = dir.join("server");
-    let server = Command::new(&me)
-        .arg("server")
-        .arg("--data-dir")
-        .arg(&data)
-        .args([
-            "--listen-quic",
-            "127.0.0.1:0",
-            "--listen-api",
-            "127.0.0.1:0",
-            "--listen-webhook",
-            "127.0.0.1:0",
-        ])
-        .stdin(Stdio::null())
-        .stdout(log_file(dir, "server.out")?)
-        .stderr(log_file(dir, "server.log")?)
-        .spawn()
-        .context("cannot start byom server")?;
-    let _server = Proc(server, "byom server");
-    let t = Instant::now();
-    while !data.join("admin/api.json").exists() || !data.join("server.json").exists() {
-        if t.elapsed() > STEP_TIMEOUT {
-            bail!(
-                "the server did not start; see {}",
-                dir.join("server.log").display()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut server = start_server(&me, &data, dir, None).await?;
     let info: serde_json::Value =
         serde_json::from_slice(&std::fs::read(data.join("server.json"))?)?;
     println!(
@@ -462,8 +439,256 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
         .into_inner()
         .commands;
     println!(
-        "\n{} commands run, nothing lost, nothing run twice. Cleaning up.",
+        "   {} commands so far, nothing lost, nothing run twice",
         cmds.len()
     );
+
+    agent_story(&me, &data, dir, &mut server, &info).await?;
+    println!("\nCleaning up.");
+    Ok(())
+}
+
+/// Starts `byom server` on `addrs` (quic, api, webhook) or free ports, and
+/// waits until it serves.
+async fn start_server(
+    me: &Path,
+    data: &Path,
+    dir: &Path,
+    addrs: Option<(String, String, String)>,
+) -> anyhow::Result<Proc> {
+    let (q, a, w) = addrs.unwrap_or_else(|| {
+        (
+            "127.0.0.1:0".into(),
+            "127.0.0.1:0".into(),
+            "127.0.0.1:0".into(),
+        )
+    });
+    let _ = std::fs::remove_file(data.join("server.json"));
+    let server = Command::new(me)
+        .arg("server")
+        .arg("--data-dir")
+        .arg(data)
+        .args([
+            "--listen-quic",
+            &q,
+            "--listen-api",
+            &a,
+            "--listen-webhook",
+            &w,
+        ])
+        .args([
+            "--model",
+            "scripted",
+            "--scripted-latency",
+            "150ms,10us,2ms",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log_file(dir, "server.out")?)
+        .stderr(Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("server.log"))?,
+        ))
+        .spawn()
+        .context("cannot start byom server")?;
+    let p = Proc(server, "byom server");
+    let t = Instant::now();
+    while !data.join("admin/api.json").exists() || !data.join("server.json").exists() {
+        if t.elapsed() > STEP_TIMEOUT {
+            bail!(
+                "the server did not start; see {}",
+                dir.join("server.log").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(p)
+}
+
+/// The chat thread as the demo watches it: prints each new message once.
+struct Timeline {
+    start: Instant,
+    seen: std::collections::HashSet<String>,
+    bot_replies: usize,
+}
+
+impl Timeline {
+    async fn poll(&mut self, c: &mut Client) -> anyhow::Result<()> {
+        let v = crate::cli::agents::agent(c, "thread", "demo", serde_json::Value::Null).await?;
+        for m in v["messages"].as_array().cloned().unwrap_or_default() {
+            let id = m["id"].as_str().unwrap_or("").to_string();
+            if !self.seen.insert(id) {
+                continue;
+            }
+            let bot = m["from_bot"].as_bool() == Some(true);
+            if bot {
+                self.bot_replies += 1;
+            }
+            let who = if bot {
+                "byom"
+            } else {
+                m["user"].as_str().unwrap_or("?")
+            };
+            let text = m["text"].as_str().unwrap_or("");
+            println!(
+                "   [{:>6.2}s] {who:>4} › {}",
+                self.start.elapsed().as_secs_f64(),
+                text.replace('\n', "\n                     ")
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until the thread has `n` replies from the agent in all.
+    async fn replies(&mut self, c: &mut Client, n: usize) -> anyhow::Result<()> {
+        let t = Instant::now();
+        while self.bot_replies < n {
+            if t.elapsed() > STEP_TIMEOUT {
+                bail!(
+                    "the agent did not reply in time (had {} of {n} replies)",
+                    self.bot_replies
+                );
+            }
+            self.poll(c).await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+}
+
+async fn say(c: &mut Client, text: &str) -> anyhow::Result<()> {
+    c.send_event(pb::SendEventRequest {
+        source: "chat".into(),
+        thread: "demo".into(),
+        user: "ada".into(),
+        text: text.into(),
+        mention: true,
+        from_bot: false,
+    })
+    .await?;
+    Ok(())
+}
+
+async fn agent_story(
+    me: &Path,
+    data: &Path,
+    dir: &Path,
+    server: &mut Proc,
+    info: &serde_json::Value,
+) -> anyhow::Result<()> {
+    use crate::cli::agents::agent;
+    use serde_json::Value;
+    let creds = client::load_creds(Some(&data.join("admin")), None)?;
+    let mut c = client::connect(&creds).await?;
+    let mut tl = Timeline {
+        start: Instant::now(),
+        seen: Default::default(),
+        bot_replies: 0,
+    };
+
+    println!("\n9. the agent: a chat message asks for work on the paired laptop (`byom chat`)");
+    say(&mut c, "please run `uname -s` on demo-laptop").await?;
+    tl.replies(&mut c, 2).await?;
+    let tasks = agent(&mut c, "tasks", "", Value::Null).await?;
+    let task = tasks[0]["id"].as_str().unwrap_or("").to_string();
+    println!("   the Router made worker {task}; it ran the command on demo-laptop and reported");
+
+    println!("\n10. a follow-up in the same thread passes straight through to that worker");
+    say(&mut c, "also run `date +%A` on demo-laptop").await?;
+    tl.replies(&mut c, 3).await?;
+    let r = agent(&mut c, "router", "", Value::Null).await?;
+    println!(
+        "   router: {} events, {} passed through without a Router decision",
+        r["stats"]["events"], r["stats"]["passed_through"]
+    );
+
+    println!("\n11. a program: three subagents in parallel, then a human's approval");
+    say(
+        &mut c,
+        "check `uptime`, `df -h /` and `uname -r` in parallel, then ask me before running `echo cleaned up`",
+    )
+    .await?;
+    tl.replies(&mut c, 4).await?;
+    let workers = agent(&mut c, "workers", "", Value::Null).await?;
+    for w in workers.as_array().cloned().unwrap_or_default() {
+        if w["parent"].as_str() == Some(task.as_str()) {
+            println!(
+                "   subagent {} ({}): {}",
+                w["id"].as_str().unwrap_or(""),
+                w["status"].as_str().unwrap_or(""),
+                w["task"].as_str().unwrap_or("")
+            );
+        }
+    }
+    let approvals = agent(&mut c, "approvals", "", Value::Null).await?;
+    let apr = approvals[0]["id"].as_str().unwrap_or("").to_string();
+    println!("   the program is paused on {apr}; its interpreter is a snapshot in the store");
+
+    println!("\n12. kill -9 the server during the pause, start it again");
+    let _ = server.0.kill();
+    let _ = server.0.wait();
+    let addrs = (
+        info["quic_addr"]
+            .as_str()
+            .unwrap_or("127.0.0.1:0")
+            .to_string(),
+        info["api_addr"]
+            .as_str()
+            .unwrap_or("127.0.0.1:0")
+            .to_string(),
+        info["webhook_addr"]
+            .as_str()
+            .unwrap_or("127.0.0.1:0")
+            .to_string(),
+    );
+    *server = start_server(me, data, dir, Some(addrs)).await?;
+    let mut c = client::connect(&creds).await?;
+    let open = agent(&mut c, "approvals", "", Value::Null).await?;
+    println!(
+        "   back up; `byom approvals ls` still shows {} open approval(s)",
+        open.as_array().map(|a| a.len()).unwrap_or(0)
+    );
+
+    println!("\n13. `byom approvals approve {apr}`: the program is restored and continues");
+    agent(
+        &mut c,
+        "answer",
+        &apr,
+        serde_json::json!({"approved": true}),
+    )
+    .await?;
+    tl.replies(&mut c, 5).await?;
+
+    let tasks = agent(&mut c, "tasks", "", Value::Null).await?;
+    let workers = agent(&mut c, "workers", "", Value::Null).await?;
+    let r = agent(&mut c, "router", "", Value::Null).await?;
+    let st = &r["stats"];
+    let mut tokens = (0u64, 0u64, 0u64);
+    for w in workers.as_array().cloned().unwrap_or_default() {
+        tokens.0 += w["usage"]["input_tokens"].as_u64().unwrap_or(0);
+        tokens.1 += w["usage"]["cache_read_tokens"].as_u64().unwrap_or(0);
+        tokens.2 += w["usage"]["output_tokens"].as_u64().unwrap_or(0);
+    }
+    println!("\nsummary");
+    println!(
+        "   tasks {}, workers {} (subagents included), router turns {}, decisions {}, replies {}",
+        tasks.as_array().map(|a| a.len()).unwrap_or(0),
+        workers.as_array().map(|a| a.len()).unwrap_or(0),
+        st["turns"],
+        st["decisions"],
+        st["replies"]
+    );
+    println!(
+        "   router tokens {} in ({} from the prefix cache), {} out; workers {} in ({} cached), {} out",
+        st["usage"]["input_tokens"],
+        st["usage"]["cache_read_tokens"],
+        st["usage"]["output_tokens"],
+        tokens.0,
+        tokens.1,
+        tokens.2
+    );
+    println!("   the server was killed once mid-task; nothing was lost and nothing ran twice");
+    println!("   see it yourself: byom threads show demo | byom tasks show {task}  (with --keep)");
     Ok(())
 }

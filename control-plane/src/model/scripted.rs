@@ -427,8 +427,9 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
 fn current_policies(req: &Request) -> Vec<String> {
     let mut policies = Vec::new();
     for m in req.messages.iter().filter(|m| m.role == Role::User) {
-        if let Some(i) = m.text.find("Policies now in force:\n") {
-            policies = m.text[i + 24..]
+        const HEAD: &str = "Policies now in force:\n";
+        if let Some(i) = m.text.find(HEAD) {
+            policies = m.text[i + HEAD.len()..]
                 .lines()
                 .take_while(|l| l.starts_with("- ") || *l == "(none)")
                 .filter_map(|l| l.strip_prefix("- "))

@@ -1,0 +1,398 @@
+//! The super-agent end to end: real `byom server` and `byomd` processes on
+//! loopback, the scripted model, real sled stores. Batching, pass-through,
+//! bounce, cancel (chat and CLI), approvals (chat and CLI), restarts during
+//! a pause and during a model call, webhooks, channel norms.
+
+use std::time::Duration;
+
+use byom_tests::{stderr, stdout, wait_for, Daemon, Server};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(60);
+
+fn setup(extra: &[&str]) -> (tempfile::TempDir, Server, Daemon) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), extra);
+    let tok = server.token(&["--name", "lap"]);
+    let mut d = Daemon::new(dir.path(), "lap");
+    d.pair(&tok, "lap");
+    d.start();
+    server.wait_online("lap", true, T);
+    (dir, server, d)
+}
+
+fn say_on(server: &Server, source: &str, thread: &str, user: &str, text: &str) -> Value {
+    server.json(&[
+        "events",
+        "send",
+        "--source",
+        source,
+        "--thread",
+        thread,
+        "--user",
+        user,
+        "--mention",
+        text,
+    ])
+}
+
+fn say(server: &Server, thread: &str, text: &str) -> Value {
+    say_on(server, "chat", thread, "ada", text)
+}
+
+/// The agent's replies on a thread, oldest first.
+fn replies(server: &Server, thread: &str) -> Vec<String> {
+    let out = server.byom(&["threads", "show", thread, "--json"]);
+    if !out.status.success() {
+        return Vec::new();
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["from_bot"] == true && m["user"] == "byom")
+        .map(|m| m["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn wait_replies(server: &Server, thread: &str, n: usize) -> Vec<String> {
+    wait_for(&format!("{n} replies on {thread}"), T, || {
+        let r = replies(server, thread);
+        (r.len() >= n).then_some(r)
+    })
+}
+
+fn tasks(server: &Server) -> Vec<Value> {
+    server.json(&["tasks", "ls"]).as_array().unwrap().clone()
+}
+
+fn workers(server: &Server) -> Vec<Value> {
+    server.json(&["workers", "ls"]).as_array().unwrap().clone()
+}
+
+fn router(server: &Server) -> Value {
+    server.json(&["router"])
+}
+
+fn commands_with(server: &Server, text: &str) -> Vec<Value> {
+    server
+        .json(&["commands", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["shell"].as_str() == Some(text) || c["command"].as_str() == Some(text))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn chat_task_follow_up_passes_through_and_replies_keep_channel_norms() {
+    let (_dir, server, _d) = setup(&[]);
+
+    // `byom chat` as a person would use it, non-interactively.
+    let out = server.byom(&[
+        "chat",
+        "--thread",
+        "t1",
+        "--user",
+        "ada",
+        "-m",
+        "please run `echo hi-from-lap` on lap",
+        "--wait",
+        "30s",
+        "--replies",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("byom: On it"), "{text}");
+    assert!(text.contains("hi-from-lap"), "{text}");
+    let ts = tasks(&server);
+    assert_eq!(ts.len(), 1);
+    let task = ts[0]["id"].as_str().unwrap().to_string();
+
+    // A follow-up on the same thread goes to the same worker, not the Router.
+    say(&server, "t1", "also run `echo second-one`");
+    let r = wait_replies(&server, "t1", 3);
+    assert!(r[2].contains("second-one"), "{r:?}");
+    assert_eq!(tasks(&server).len(), 1, "no new task for a follow-up");
+    let st = router(&server);
+    assert_eq!(st["stats"]["passed_through"], 1, "{st}");
+    let w = server.json(&["tasks", "show", &task]);
+    assert_eq!(w["commands"].as_object().unwrap().len(), 2);
+    assert_eq!(w["summary"]["status"], "idle");
+
+    // Chat replies are short: at most 100 words, with a pointer to the rest.
+    say(&server, "t2", "please run `seq 1 400` on lap");
+    let r = wait_replies(&server, "t2", 2);
+    let words = r[1].split_whitespace().count();
+    assert!(words <= 100, "{words} words: {}", r[1]);
+    assert!(r[1].contains("(more: byom threads show"), "{}", r[1]);
+
+    // Asynchronous channels (a signed webhook here) get structured replies.
+    let key = std::fs::read_to_string(server.data_dir.join("webhook.key")).unwrap();
+    let key = key.trim().as_bytes().to_vec();
+    let body = r#"{"thread": "pr-42", "user": "ada", "text": "please run `echo from-github` on lap", "mention": true}"#;
+    let (status, _) = post(
+        server.webhook_addr,
+        "/hooks/github",
+        Some(&sign(&key, body)),
+        body,
+    );
+    assert_eq!(status, 202);
+    let (status, _) = post(
+        server.webhook_addr,
+        "/hooks/github",
+        Some("sha256=00"),
+        body,
+    );
+    assert_eq!(status, 401, "a bad signature is refused and nothing stored");
+    let r = wait_replies(&server, "pr-42", 2);
+    assert!(r[1].starts_with("**byom — done**"), "{}", r[1]);
+    assert!(r[1].contains("from-github"));
+    assert_eq!(
+        tasks(&server).len(),
+        3,
+        "the bad-signature post made no task"
+    );
+
+    // Every object links: show a worker and a thread by ID.
+    let out = server.byom(&["show", &task]);
+    assert!(stdout(&out).contains("transcript:"), "{}", stdout(&out));
+}
+
+#[test]
+fn router_batches_triggers_that_arrive_during_a_model_call() {
+    let (_dir, server, _d) = setup(&["--scripted-latency", "1500ms"]);
+    // The first event starts a turn; the next five arrive while it runs.
+    say(&server, "b0", "hello there");
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 1..=5 {
+        say(&server, &format!("b{i}"), "good morning");
+    }
+    let st = wait_for("router to settle", T, || {
+        let st = router(&server);
+        (st["stats"]["events"] == 6
+            && st["queued"] == 0
+            && st["in_flight"] == false
+            && st["stats"]["decisions"].as_u64() >= Some(6))
+        .then_some(st)
+    });
+    let turns = st["stats"]["turns"].as_u64().unwrap();
+    assert!(turns <= 3, "6 triggers took {turns} turns: {st}");
+    assert_eq!(
+        st["stats"]["decisions"], 6,
+        "one decision (ignore) each: {st}"
+    );
+}
+
+#[test]
+fn cancel_from_the_thread_bounces_to_the_router_and_stops_the_command() {
+    let (_dir, server, _d) = setup(&[]);
+    say(&server, "c1", "please run `sleep 60` on lap");
+    wait_replies(&server, "c1", 1);
+    let cmd = wait_for("the command to run", T, || {
+        commands_with(&server, "sleep 60")
+            .into_iter()
+            .find(|c| c["state"] == "running")
+    });
+    // Chatter on the thread is bounced by the worker and ignored by the Router.
+    say(&server, "c1", "thanks!");
+    // "cancel" passes through to the worker, which bounces it; the Router
+    // cancels the worker, which stops its command.
+    say(&server, "c1", "cancel that please");
+    let c = server.wait_done(cmd["id"].as_str().unwrap(), T);
+    assert_eq!(c["state"], "cancelled", "{c}");
+    let r = wait_replies(&server, "c1", 2);
+    assert!(r.iter().any(|x| x.contains("Cancelled")), "{r:?}");
+    let t = &tasks(&server)[0];
+    assert_eq!(t["status"], "cancelled");
+    let w = server.json(&["tasks", "show", t["id"].as_str().unwrap()]);
+    let bounces = w["conversation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["name"] == "bounce")
+        .count();
+    assert_eq!(bounces, 2, "chatter and the cancel were both bounced");
+    assert!(router(&server)["stats"]["passed_through"].as_u64() >= Some(2));
+}
+
+#[test]
+fn cancel_from_the_cli_stops_the_task_and_its_commands() {
+    let (_dir, server, _d) = setup(&[]);
+    say(&server, "k1", "please run `sleep 60` on lap");
+    let cmd = wait_for("the command to run", T, || {
+        commands_with(&server, "sleep 60")
+            .into_iter()
+            .find(|c| c["state"] == "running")
+    });
+    let task = tasks(&server)[0]["id"].as_str().unwrap().to_string();
+    let out = server.byom(&["tasks", "cancel", &task]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let c = server.wait_done(cmd["id"].as_str().unwrap(), T);
+    assert_eq!(c["state"], "cancelled");
+    wait_for("task cancelled", T, || {
+        (tasks(&server)[0]["status"] == "cancelled").then_some(())
+    });
+    let out = server.byom(&["tasks", "cancel", &task]);
+    assert!(!out.status.success(), "cancelling twice is refused");
+    assert!(stderr(&out).contains("already ended"), "{}", stderr(&out));
+    let out = server.byom(&["tasks", "cancel", "wrk_nope"]);
+    assert!(stderr(&out).contains("no task"), "{}", stderr(&out));
+}
+
+const PARALLEL: &str = "check `echo one`, `echo two` and `echo three` on lap in parallel, then ask me before running `echo cleaned-up`";
+
+#[test]
+fn approval_answered_in_the_chat() {
+    let (_dir, server, _d) = setup(&[]);
+    say(&server, "a1", PARALLEL);
+    let r = wait_replies(&server, "a1", 2);
+    assert!(r[1].starts_with("Approval needed (apr_"), "{r:?}");
+    let subs: Vec<Value> = workers(&server)
+        .into_iter()
+        .filter(|w| w["parent"].is_string())
+        .collect();
+    assert_eq!(subs.len(), 3, "three subagents");
+    assert!(subs.iter().all(|w| w["status"] == "done"));
+    say(&server, "a1", "yes, go ahead");
+    let r = wait_replies(&server, "a1", 4);
+    let done = r
+        .iter()
+        .find(|x| x.starts_with("Done: Program"))
+        .expect("program result");
+    for want in ["one", "two", "three", "cleaned-up"] {
+        assert!(done.contains(want), "{done}");
+    }
+    let a = server.json(&["approvals", "ls", "--all"]);
+    assert_eq!(a[0]["state"], "approved");
+    assert_eq!(a[0]["by"], "router");
+}
+
+#[test]
+fn approval_from_the_cli_after_a_restart_during_the_pause() {
+    let (_dir, mut server, _d) = setup(&[]);
+    say(&server, "p1", PARALLEL);
+    wait_replies(&server, "p1", 2);
+    let open = server.json(&["approvals", "ls"]);
+    let apr = open[0]["id"].as_str().unwrap().to_string();
+
+    server.restart();
+    server.wait_online("lap", true, T);
+    let open = server.json(&["approvals", "ls"]);
+    assert_eq!(open[0]["id"], apr, "the pause survived kill -9");
+
+    // Bad answers are refused with a clear message; nothing changes.
+    let out = server.byom(&["approvals", "approve", &apr, "--answer", "not json"]);
+    assert!(stderr(&out).contains("must be JSON"), "{}", stderr(&out));
+    let out = server.byom(&["approvals", "approve", &apr, "--answer", "\"ship it\""]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = server.byom(&["approvals", "deny", &apr]);
+    assert!(!out.status.success(), "an approval is answered once");
+
+    let r = wait_replies(&server, "p1", 3);
+    assert!(r[2].contains("cleaned-up"), "{r:?}");
+    // Nothing ran twice across the restart.
+    assert_eq!(commands_with(&server, "echo cleaned-up").len(), 1);
+    for c in ["echo one", "echo two", "echo three"] {
+        assert_eq!(commands_with(&server, c).len(), 1, "{c}");
+    }
+    let a = server.json(&["approvals", "ls", "--all"]);
+    assert_eq!(a[0]["state"], "approved");
+    assert_eq!(a[0]["answer"], "ship it");
+}
+
+#[test]
+fn denied_approval_skips_the_step() {
+    let (_dir, server, _d) = setup(&[]);
+    say(&server, "n1", PARALLEL);
+    wait_replies(&server, "n1", 2);
+    say(&server, "n1", "no");
+    let r = wait_replies(&server, "n1", 4);
+    assert!(
+        r.iter().any(|x| x.contains("skipped: not approved")),
+        "{r:?}"
+    );
+    assert!(commands_with(&server, "echo cleaned-up").is_empty());
+}
+
+#[test]
+fn restart_during_model_calls_loses_nothing_and_runs_nothing_twice() {
+    let (_dir, mut server, _d) = setup(&["--scripted-latency", "2s"]);
+    say(&server, "m1", "please run `echo restarted-ok` on lap");
+    // Mid Router call.
+    std::thread::sleep(Duration::from_millis(700));
+    server.restart();
+    // Mid Worker call (the Router's call takes 2 s, then the worker's).
+    wait_for("a task", T, || (!tasks(&server).is_empty()).then_some(()));
+    std::thread::sleep(Duration::from_millis(700));
+    server.restart();
+    let r = wait_replies(&server, "m1", 2);
+    assert!(r.iter().any(|x| x.contains("restarted-ok")), "{r:?}");
+    assert_eq!(tasks(&server).len(), 1, "one task, not one per restart");
+    assert_eq!(commands_with(&server, "echo restarted-ok").len(), 1);
+}
+
+#[test]
+fn policies_steer_the_router() {
+    let (_dir, server, _d) = setup(&[]);
+    let out = server.byom(&["policy", "add", "ignore messages from bob"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    say_on(
+        &server,
+        "chat",
+        "q1",
+        "bob",
+        "please run `echo from-bob` on lap",
+    );
+    say_on(
+        &server,
+        "chat",
+        "q2",
+        "ada",
+        "please run `echo from-ada` on lap",
+    );
+    wait_replies(&server, "q2", 2);
+    wait_for("router settles", T, || {
+        let st = router(&server);
+        (st["queued"] == 0 && st["in_flight"] == false).then_some(())
+    });
+    assert!(replies(&server, "q1").is_empty());
+    assert_eq!(tasks(&server).len(), 1);
+}
+
+fn post(addr: std::net::SocketAddr, path: &str, sig: Option<&str>, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let sig = sig
+        .map(|v| format!("X-Byom-Signature: {v}\r\n"))
+        .unwrap_or_default();
+    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{sig}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0);
+    (
+        status,
+        out.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+    )
+}
+
+fn sign(key: &[u8], body: &str) -> String {
+    use ring::hmac;
+    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), body.as_bytes());
+    format!(
+        "sha256={}",
+        tag.as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
+}
