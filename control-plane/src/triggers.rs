@@ -55,6 +55,10 @@ pub struct Rules {
 }
 
 impl Rules {
+    pub fn parse(text: &str) -> Result<Rules, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
     pub fn load(data_dir: &Path) -> anyhow::Result<Rules> {
         let p = data_dir.join("sources.toml");
         match std::fs::read_to_string(&p) {

@@ -49,6 +49,8 @@ pub struct Budgets {
     pub max_depth: u32,
     /// Output tokens asked of the model per call.
     pub max_output_tokens: u32,
+    /// Events one Router turn takes at most (the rest wait for the next).
+    pub max_batch: usize,
 }
 
 impl Default for Budgets {
@@ -67,14 +69,19 @@ impl Default for Budgets {
             max_concurrent_subagents: 4,
             max_depth: 2,
             max_output_tokens: 2048,
+            max_batch: 100,
         }
     }
 }
 
 /// Sources whose threads are chat: short replies.
 pub const CHAT_SOURCES: &[&str] = &["chat", "slack", "discord", "teams", "matrix", "irc"];
-/// Events a session may hold before its next turn; more are summarised.
+/// Events a worker may hold before its next turn; past it the oldest go
+/// (the triggers themselves stay in the store).
 pub const MAX_QUEUED_EVENTS: usize = 1000;
+/// Items waiting for the Router. Reaching it means the model is far behind;
+/// the oldest are dropped, counted in `Stats::dropped` and logged.
+pub const MAX_ROUTER_QUEUE: usize = 100_000;
 /// Triggers handled by workers the Router keeps for its global picture.
 pub const MAX_OBSERVED: usize = 50;
 /// Model failures in a row before a worker gives up.
@@ -259,6 +266,9 @@ pub struct Stats {
     pub decisions: u64,
     pub passed_through: u64,
     pub replies: u64,
+    /// Router items dropped because its queue was full.
+    #[serde(default)]
+    pub dropped: u64,
     pub usage: Usage,
 }
 
@@ -580,7 +590,7 @@ impl Core {
         // An open approval's answer is the Router's to take; otherwise a
         // subscribed thread goes straight to its workers.
         if subs.is_empty() || open_approval || !self.pass_through {
-            push_bounded(&mut self.router.queue, RouterItem::Trigger(t));
+            push_bounded(&mut self.router, RouterItem::Trigger(t));
             return;
         }
         self.router.stats.passed_through += 1;
@@ -659,7 +669,8 @@ impl Core {
     // ── the Router ──
 
     fn start_router_turn(&mut self, world: &mut dyn World, fx: &mut Vec<Effect>) {
-        let items: Vec<RouterItem> = self.router.queue.drain(..).collect();
+        let n = self.router.queue.len().min(self.budgets.max_batch.max(1));
+        let items: Vec<RouterItem> = self.router.queue.drain(..n).collect();
         let mut text = String::new();
         let policies = world.policies();
         if policies != self.router.policies_shown {
@@ -1361,7 +1372,7 @@ impl Core {
                 let t = parse_trigger_lookup(&trg, &info)
                     .ok_or_else(|| format!("{trg} is not a trigger"))?;
                 push_bounded(
-                    &mut self.router.queue,
+                    &mut self.router,
                     RouterItem::Bounced {
                         worker: id.to_string(),
                         trigger: t,
@@ -1507,7 +1518,7 @@ impl Core {
             None => {
                 let threads = w.threads.clone();
                 push_bounded(
-                    &mut self.router.queue,
+                    &mut self.router,
                     RouterItem::Report {
                         worker: id.to_string(),
                         threads,
@@ -1597,7 +1608,7 @@ impl Core {
         } else if status != WorkerStatus::Done && status != WorkerStatus::Idle {
             let cancelled = status == WorkerStatus::Cancelled;
             push_bounded(
-                &mut self.router.queue,
+                &mut self.router,
                 RouterItem::Report {
                     worker: id.to_string(),
                     threads,
@@ -1830,7 +1841,7 @@ impl Core {
                 );
                 self.dirty.insert(apr.clone());
                 push_bounded(
-                    &mut self.router.queue,
+                    &mut self.router,
                     RouterItem::Question {
                         approval: apr.clone(),
                         worker: id.to_string(),
@@ -2060,13 +2071,14 @@ fn item_thread(it: &RouterItem) -> Option<String> {
     }
 }
 
-fn push_bounded(q: &mut VecDeque<RouterItem>, it: RouterItem) {
-    if q.len() >= MAX_QUEUED_EVENTS {
-        // Only drop what the store still has: triggers stay readable by ID.
-        tracing::warn!("router queue full ({MAX_QUEUED_EVENTS}); dropping its oldest item");
-        q.pop_front();
+fn push_bounded(r: &mut RouterState, it: RouterItem) {
+    if r.queue.len() >= MAX_ROUTER_QUEUE {
+        // The trigger itself stays in the store, readable by ID.
+        tracing::error!("router queue full ({MAX_ROUTER_QUEUE}); dropping its oldest item");
+        r.queue.pop_front();
+        r.stats.dropped += 1;
     }
-    q.push_back(it);
+    r.queue.push_back(it);
 }
 
 fn str_arg(a: &Value, k: &str) -> Result<String, String> {

@@ -68,7 +68,10 @@ pub struct SimReport {
     pub programs: usize,
     pub simulated_ms: u64,
     pub wall_ms: f64,
-    /// Median time from a request to the first reply on its thread.
+    /// Wall time spent inside the scripted model (the rest is the core and
+    /// the interpreter).
+    pub model_ms: f64,
+    /// Median time from a message to the agent's next reply on its thread.
     pub reply_p50_ms: u64,
     pub quiescent: bool,
 }
@@ -192,6 +195,14 @@ pub fn day(n: usize, seed: u64) -> Vec<(u64, TriggerInfo)> {
 /// Replays `events` in simulated time until everything settles (or a
 /// simulated week passes).
 pub async fn run(events: Vec<(u64, TriggerInfo)>, cfg: &SimConfig) -> anyhow::Result<SimReport> {
+    Ok(run_with_core(events, cfg).await?.0)
+}
+
+/// Like [`run`], also returning the final state (for measuring it).
+pub async fn run_with_core(
+    events: Vec<(u64, TriggerInfo)>,
+    cfg: &SimConfig,
+) -> anyhow::Result<(SimReport, Core)> {
     let started = Instant::now();
     let mut core = Core::new(cfg.budgets.clone());
     core.pass_through = cfg.pass_through;
@@ -240,9 +251,7 @@ pub async fn run(events: Vec<(u64, TriggerInfo)>, cfg: &SimConfig) -> anyhow::Re
         };
         if let Event::Trigger(t) = &ev {
             world.triggers.insert(t.id.clone(), t.clone());
-            if t.mention {
-                asked_at.entry(t.thread.clone()).or_insert(world.now);
-            }
+            asked_at.entry(t.thread.clone()).or_insert(world.now);
         }
         let fx = core.handle(&mut world, ev);
         core.take_dirty();
@@ -254,7 +263,9 @@ pub async fn run(events: Vec<(u64, TriggerInfo)>, cfg: &SimConfig) -> anyhow::Re
                     request,
                     kind,
                 } => {
+                    let m0 = Instant::now();
                     let (resp, latency) = model.respond(&request);
+                    report.model_ms += m0.elapsed().as_secs_f64() * 1000.0;
                     if kind == super::core::SessionKind::Worker {
                         report.worker_model_calls += 1;
                         report.worker_usage += resp.usage;
@@ -452,7 +463,7 @@ pub async fn run(events: Vec<(u64, TriggerInfo)>, cfg: &SimConfig) -> anyhow::Re
     reply_lat.sort_unstable();
     report.reply_p50_ms = reply_lat.get(reply_lat.len() / 2).copied().unwrap_or(0);
     report.quiescent = core.quiescent();
-    Ok(report)
+    Ok((report, core))
 }
 
 fn js_outcome(
