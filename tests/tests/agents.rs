@@ -396,3 +396,156 @@ fn sign(key: &[u8], body: &str) -> String {
             .collect::<String>()
     )
 }
+
+/// An OpenAI-compatible Chat Completions endpoint on loopback. Its answers
+/// come from the scripted rules, so the test is deterministic, but every
+/// byte crosses the real provider path: `--model openai:NAME`, the base URL
+/// and key from the environment, the JSON wire format both ways, usage.
+struct FakeOpenAi {
+    addr: std::net::SocketAddr,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    auth_ok: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn openai_to_request(body: &Value) -> byom_control_plane::model::Request {
+    use byom_control_plane::model::{Message, Request, ToolCall};
+    let mut req = Request::default();
+    for m in body["messages"].as_array().cloned().unwrap_or_default() {
+        let text = m["content"].as_str().unwrap_or("").to_string();
+        match m["role"].as_str().unwrap_or("") {
+            "system" => req.system = text,
+            "user" => req.messages.push(Message::user(text)),
+            "tool" => req.messages.push(Message::tool_result(
+                m["tool_call_id"].as_str().unwrap_or(""),
+                text,
+            )),
+            _ => {
+                let calls = m["tool_calls"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| ToolCall {
+                        id: c["id"].as_str().unwrap_or("").into(),
+                        name: c["function"]["name"].as_str().unwrap_or("").into(),
+                        arguments: serde_json::from_str(
+                            c["function"]["arguments"].as_str().unwrap_or("{}"),
+                        )
+                        .unwrap_or(Value::Null),
+                    })
+                    .collect();
+                req.messages.push(Message::assistant(text, calls));
+            }
+        }
+    }
+    req
+}
+
+impl FakeOpenAi {
+    fn start() -> FakeOpenAi {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let auth_ok = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (c2, a2) = (calls.clone(), auth_ok.clone());
+        std::thread::spawn(move || {
+            let model = byom_control_plane::model::Scripted::default();
+            for conn in l.incoming() {
+                let Ok(conn) = conn else { return };
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut len = 0usize;
+                let mut auth = false;
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        break;
+                    }
+                    let l = line.to_ascii_lowercase();
+                    if let Some(v) = l.strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                    if l.starts_with("authorization: bearer sk-test") {
+                        auth = true;
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                let mut body = vec![0u8; len];
+                if r.read_exact(&mut body).is_err() {
+                    continue;
+                }
+                if !auth {
+                    a2.store(false, std::sync::atomic::Ordering::SeqCst);
+                }
+                c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                assert_eq!(v["model"], "fake-gpt");
+                let (resp, _) = model.respond(&openai_to_request(&v));
+                let calls: Vec<Value> = resp
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        serde_json::json!({"id": c.id, "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments.to_string()}})
+                    })
+                    .collect();
+                let mut msg = serde_json::json!({"role": "assistant", "content": resp.text});
+                if !calls.is_empty() {
+                    msg["tool_calls"] = Value::Array(calls);
+                }
+                let out = serde_json::json!({
+                    "id": "chatcmpl-1", "object": "chat.completion",
+                    "choices": [{"index": 0, "message": msg,
+                                 "finish_reason": if resp.tool_calls.is_empty() {"stop"} else {"tool_calls"}}],
+                    "usage": {"prompt_tokens": resp.usage.input_tokens,
+                              "completion_tokens": resp.usage.output_tokens,
+                              "prompt_tokens_details": {"cached_tokens": resp.usage.cache_read_tokens}}
+                })
+                .to_string();
+                let mut w = conn;
+                let _ = write!(
+                    w,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{out}",
+                    out.len()
+                );
+            }
+        });
+        FakeOpenAi {
+            addr,
+            calls,
+            auth_ok,
+        }
+    }
+}
+
+#[test]
+fn the_same_server_runs_against_an_openai_compatible_provider() {
+    let api = FakeOpenAi::start();
+    let base = format!("http://{}/v1", api.addr);
+    // Keys come from the environment only.
+    std::env::set_var("OPENAI_API_KEY", "sk-test");
+    let (_dir, server, _d) = setup(&[
+        "--router-model",
+        "openai:fake-gpt",
+        "--worker-model",
+        "openai:fake-gpt",
+        "--openai-base-url",
+        &base,
+    ]);
+    say(&server, "o1", "please run `echo via-openai` on lap");
+    let r = wait_replies(&server, "o1", 2);
+    assert!(r[1].contains("via-openai"), "{r:?}");
+    assert!(api.calls.load(std::sync::atomic::Ordering::SeqCst) >= 4);
+    assert!(
+        api.auth_ok.load(std::sync::atomic::Ordering::SeqCst),
+        "key sent"
+    );
+    let st = router(&server);
+    assert!(
+        st["stats"]["usage"]["cache_read_tokens"].as_u64() > Some(0),
+        "{st}"
+    );
+}

@@ -2177,3 +2177,222 @@ fn parse_trigger_lookup(id: &str, text: &str) -> Option<TriggerInfo> {
         mention: v.get("mention").and_then(Value::as_bool).unwrap_or(false),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scripted::Scripted;
+
+    struct W {
+        now: Ms,
+        seq: u64,
+    }
+    impl World for W {
+        fn now(&self) -> Ms {
+            self.now
+        }
+        fn new_id(&mut self, kind: Kind) -> String {
+            self.seq += 1;
+            let mut r = [0u8; 10];
+            r[2..].copy_from_slice(&self.seq.to_be_bytes());
+            format!("{}{}", kind.prefix(), byom_protocol::id::encode_body(1, r))
+        }
+        fn policies(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn machines(&self) -> Vec<String> {
+            vec!["lap (online)".into()]
+        }
+        fn lookup(&self, _: &str) -> Option<String> {
+            None
+        }
+    }
+
+    fn trig(id: &str, thread: &str, text: &str) -> Event {
+        Event::Trigger(TriggerInfo {
+            id: id.into(),
+            thread: thread.into(),
+            source: "chat".into(),
+            user: "ada".into(),
+            text: text.into(),
+            mention: true,
+        })
+    }
+
+    fn model_call(fx: &[Effect]) -> Option<(String, u64, Request)> {
+        fx.iter().find_map(|e| match e {
+            Effect::CallModel {
+                session,
+                turn,
+                request,
+                ..
+            } => Some((session.clone(), *turn, request.clone())),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn the_router_cannot_execute_even_if_the_model_asks() {
+        let mut core = Core::new(Budgets::default());
+        let mut w = W { now: 0, seq: 0 };
+        let fx = core.handle(&mut w, trig("trg_1", "thr_1", "hello"));
+        let (session, turn, _) = model_call(&fx).unwrap();
+        let resp = Response {
+            text: String::new(),
+            tool_calls: vec![
+                ToolCall {
+                    id: "c1".into(),
+                    name: "shell_start".into(),
+                    arguments: json!({"command": "rm -rf /", "machine": "lap"}),
+                },
+                ToolCall {
+                    id: "c2".into(),
+                    name: "run_js".into(),
+                    arguments: json!({"code": "1"}),
+                },
+            ],
+            usage: Usage::default(),
+            stop_reason: "tool_calls".into(),
+            attempts: 1,
+        };
+        let fx = core.handle(
+            &mut w,
+            Event::ModelDone {
+                session,
+                turn,
+                result: Ok(resp),
+            },
+        );
+        assert!(!fx
+            .iter()
+            .any(|e| matches!(e, Effect::StartCommand { .. } | Effect::RunJs { .. })));
+        let results: Vec<&Message> = core
+            .router
+            .conversation
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .collect();
+        assert_eq!(results.len(), 2);
+        assert!(results[0].text.contains("cannot run commands or code"));
+    }
+
+    #[test]
+    fn a_failed_router_call_puts_its_triggers_back() {
+        let mut core = Core::new(Budgets::default());
+        let mut w = W { now: 0, seq: 0 };
+        let fx = core.handle(&mut w, trig("trg_1", "thr_1", "please run `ls` on lap"));
+        let (session, turn, _) = model_call(&fx).unwrap();
+        // Another trigger arrives while the call is out: it waits.
+        let fx = core.handle(&mut w, trig("trg_2", "thr_2", "hi"));
+        assert!(model_call(&fx).is_none());
+        let fx = core.handle(
+            &mut w,
+            Event::ModelDone {
+                session,
+                turn,
+                result: Err("503 from the provider".into()),
+            },
+        );
+        assert!(model_call(&fx).is_none(), "backs off before retrying");
+        assert_eq!(core.router.queue.len(), 2, "nothing dropped");
+        w.now = 60_000;
+        let fx = core.handle(&mut w, Event::Tick);
+        let (_, _, req) = model_call(&fx).expect("retried after the backoff");
+        let last = &req.messages.last().unwrap().text;
+        assert!(last.contains("trg_1") && last.contains("trg_2"), "{last}");
+    }
+
+    #[test]
+    fn state_survives_a_reload_and_resumes_what_was_in_flight() {
+        let model = Scripted::default();
+        let mut core = Core::new(Budgets::default());
+        let mut w = W { now: 0, seq: 0 };
+        let mut queue: VecDeque<Effect> = core
+            .handle(
+                &mut w,
+                trig("trg_1", "thr_1", "please run `sleep 5` on lap"),
+            )
+            .into();
+        // Answer model calls until a command starts.
+        let mut started = None;
+        for _ in 0..20 {
+            match queue.pop_front() {
+                Some(Effect::StartCommand { cmd, .. }) => {
+                    started = Some(cmd);
+                    break;
+                }
+                Some(Effect::CallModel {
+                    session,
+                    turn,
+                    request,
+                    ..
+                }) => {
+                    let (resp, _) = model.respond(&request);
+                    queue.extend(core.handle(
+                        &mut w,
+                        Event::ModelDone {
+                            session,
+                            turn,
+                            result: Ok(resp),
+                        },
+                    ));
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        let cmd = started.expect("a command started");
+        // Persist every record, load into a fresh core.
+        let mut fresh = Core::new(Budgets::default());
+        let keys: Vec<String> = std::iter::once(ROUTER.to_string())
+            .chain(core.workers.keys().cloned())
+            .collect();
+        for k in keys {
+            fresh.load(&k, core.record(&k).unwrap()).unwrap();
+        }
+        let again = fresh.resume_effects();
+        let restarts: Vec<&String> = again
+            .iter()
+            .filter_map(|e| match e {
+                Effect::StartCommand { cmd, command, .. } => {
+                    assert_eq!(command, "sleep 5");
+                    Some(cmd)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(restarts, [&cmd], "the same command ID: created once");
+    }
+
+    #[test]
+    fn a_turn_takes_a_bounded_batch() {
+        let mut core = Core::new(Budgets {
+            max_batch: 3,
+            ..Budgets::default()
+        });
+        let mut w = W { now: 0, seq: 0 };
+        let fx = core.handle(&mut w, trig("trg_0", "thr_0", "hi"));
+        let (session, turn, _) = model_call(&fx).unwrap();
+        for i in 1..=7 {
+            core.handle(&mut w, trig(&format!("trg_{i}"), "thr_x", "hi"));
+        }
+        let empty = Response {
+            text: "ok".into(),
+            tool_calls: vec![],
+            usage: Usage::default(),
+            stop_reason: "stop".into(),
+            attempts: 1,
+        };
+        let fx = core.handle(
+            &mut w,
+            Event::ModelDone {
+                session,
+                turn,
+                result: Ok(empty),
+            },
+        );
+        let (_, _, req) = model_call(&fx).unwrap();
+        assert!(req.messages.last().unwrap().text.contains("New events (3)"));
+        assert_eq!(core.router.queue.len(), 4);
+    }
+}
