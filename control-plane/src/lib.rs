@@ -1,5 +1,6 @@
 //! The byom control plane: `byom server` (QUIC gateway for daemons, admin
-//! gRPC API, store, PKI) and the `byom` command line that talks to it.
+//! gRPC API, webhooks, store, PKI, the agents and their models) and the
+//! `byom` command line that talks to it.
 //!
 //! It must never know how the daemon runs processes: it sends ExecRequests
 //! and records what comes back. The server keeps nothing in memory it cannot
@@ -7,7 +8,8 @@
 //!
 //! Key types: [`server::Shared`] (state shared by all tasks),
 //! [`store::Store`] over a [`store::Backend`], [`pki::Pki`],
-//! [`gateway::LiveMachine`], and the CLI in [`cli`].
+//! [`gateway::LiveMachine`], the agents' [`agent::Core`] and its driver,
+//! the [`model::Model`] providers, and the CLI in [`cli`].
 
 pub mod agent;
 pub mod api;
