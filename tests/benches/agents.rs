@@ -168,7 +168,7 @@ async fn main() -> anyhow::Result<()> {
         let cached = r.router_usage.cache_read_tokens + r.worker_usage.cache_read_tokens;
         let out = r.router_usage.output_tokens + r.worker_usage.output_tokens;
         println!(
-            "{label}: {} tasks, router turns {}, model calls {} router + {} worker, tokens {} in ({:.0}% cached) + {} out, reply p50 {} ms (simulated), replayed in {:.0} ms",
+            "{label}: {} tasks, router turns {}, model calls {} router + {} worker, tokens {} in ({:.0}% cached) + {} out, model time {:.0} s, first reply p50 {} ms, result p50 {} ms (simulated), replayed in {:.0} ms",
             r.tasks,
             r.router_turns,
             r.router_model_calls,
@@ -176,7 +176,9 @@ async fn main() -> anyhow::Result<()> {
             tokens_in,
             100.0 * cached as f64 / tokens_in.max(1) as f64,
             out,
+            r.model_latency_ms as f64 / 1000.0,
             r.reply_p50_ms,
+            r.result_p50_ms,
             r.wall_ms
         );
     }

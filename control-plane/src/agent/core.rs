@@ -84,6 +84,12 @@ pub const MAX_QUEUED_EVENTS: usize = 1000;
 pub const MAX_ROUTER_QUEUE: usize = 100_000;
 /// Triggers handled by workers the Router keeps for its global picture.
 pub const MAX_OBSERVED: usize = 50;
+/// Tool calls acted on from one model reply; more are answered with an error.
+pub const MAX_TOOL_CALLS_PER_REPLY: usize = 32;
+/// Workers (subagents included) not yet ended, across all tasks.
+pub const MAX_LIVE_WORKERS: usize = 512;
+/// Commands one worker may have running at once.
+pub const MAX_RUNNING_COMMANDS: usize = 16;
 /// Model failures in a row before a worker gives up.
 pub const MAX_MODEL_FAILURES: u32 = 5;
 /// Longest backoff between model retries after `complete` gave up.
@@ -855,9 +861,16 @@ impl Core {
             self.router.turn_items.clear();
             return;
         }
-        for call in &resp.tool_calls {
+        for (i, call) in resp.tool_calls.iter().enumerate() {
             self.router.stats.decisions += 1;
-            let out = match self.router_tool(world, call, fx) {
+            let r = if i < MAX_TOOL_CALLS_PER_REPLY {
+                self.router_tool(world, call, fx)
+            } else {
+                Err(format!(
+                    "at most {MAX_TOOL_CALLS_PER_REPLY} tool calls per reply are acted on"
+                ))
+            };
+            let out = match r {
                 Ok(s) => s,
                 Err(e) => format!("error: {e}"),
             };
@@ -907,6 +920,7 @@ impl Core {
                     })
                     .unwrap_or_default();
                 let subscribe = a.get("subscribe").and_then(Value::as_bool).unwrap_or(true);
+                self.room_for_worker()?;
                 let id = self.new_worker(world, None, task, threads.clone(), machine, labels);
                 if subscribe {
                     for t in &threads {
@@ -970,6 +984,20 @@ impl Core {
                 "the router has no tool {other:?}; it cannot run commands or code, only hand out work"
             )),
         }
+    }
+
+    fn room_for_worker(&self) -> Result<(), String> {
+        let live = self
+            .workers
+            .values()
+            .filter(|w| !w.status.is_closed())
+            .count();
+        if live >= MAX_LIVE_WORKERS {
+            return Err(format!(
+                "{live} workers are live (limit {MAX_LIVE_WORKERS}); cancel some first"
+            ));
+        }
+        Ok(())
     }
 
     fn live_worker(&self, w: &str) -> Result<(), String> {
@@ -1215,8 +1243,15 @@ impl Core {
             self.settle_status(id);
             return;
         }
-        for call in &calls {
-            let out = match self.worker_tool(world, id, call, fx) {
+        for (i, call) in calls.iter().enumerate() {
+            let r = if i < MAX_TOOL_CALLS_PER_REPLY {
+                self.worker_tool(world, id, call, fx)
+            } else {
+                Err(format!(
+                    "at most {MAX_TOOL_CALLS_PER_REPLY} tool calls per reply are acted on"
+                ))
+            };
+            let out = match r {
                 Ok(s) => s,
                 Err(e) => format!("error: {e}"),
             };
@@ -1411,6 +1446,12 @@ impl Core {
         }
         if command.trim().is_empty() {
             return Err("empty command".into());
+        }
+        let running = w.commands.values().filter(|c| !c.done).count();
+        if running >= MAX_RUNNING_COMMANDS {
+            return Err(format!(
+                "{running} commands are already running (limit {MAX_RUNNING_COMMANDS}); wait for their results"
+            ));
         }
         w.commands.insert(
             cmd.clone(),
@@ -1904,6 +1945,11 @@ impl Core {
             }) else {
                 return;
             };
+            if let Err(e) = self.room_for_worker() {
+                let run = js.run;
+                self.js_settle(id, run, call, Err(e), fx);
+                continue;
+            }
             let labels = self.workers[id].labels.clone();
             let child = self.new_worker(
                 world,
@@ -1917,7 +1963,6 @@ impl Core {
                 js.calls.insert(call, JsCallState::Subagent(child));
             }
             self.dirty.insert(id.to_string());
-            let _ = &fx;
         }
     }
 
@@ -2362,6 +2407,37 @@ mod tests {
             })
             .collect();
         assert_eq!(restarts, [&cmd], "the same command ID: created once");
+    }
+
+    #[test]
+    fn a_hostile_reply_is_bounded() {
+        let mut core = Core::new(Budgets::default());
+        let mut w = W { now: 0, seq: 0 };
+        let fx = core.handle(&mut w, trig("trg_1", "thr_1", "hi"));
+        let (session, turn, _) = model_call(&fx).unwrap();
+        let calls = (0..100)
+            .map(|i| ToolCall {
+                id: format!("c{i}"),
+                name: "create_worker".into(),
+                arguments: json!({"task": "spin", "threads": ["thr_1"], "machine": "lap"}),
+            })
+            .collect();
+        let resp = Response {
+            text: String::new(),
+            tool_calls: calls,
+            usage: Usage::default(),
+            stop_reason: "tool_calls".into(),
+            attempts: 1,
+        };
+        core.handle(
+            &mut w,
+            Event::ModelDone {
+                session,
+                turn,
+                result: Ok(resp),
+            },
+        );
+        assert_eq!(core.workers.len(), MAX_TOOL_CALLS_PER_REPLY);
     }
 
     #[test]

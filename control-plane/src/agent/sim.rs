@@ -73,6 +73,11 @@ pub struct SimReport {
     pub model_ms: f64,
     /// Median time from a message to the agent's next reply on its thread.
     pub reply_p50_ms: u64,
+    /// Median time from a request (a message with a `command`) to the
+    /// reply carrying its result.
+    pub result_p50_ms: u64,
+    /// Simulated time spent waiting on the model, summed over all calls.
+    pub model_latency_ms: u64,
     pub quiescent: bool,
 }
 
@@ -232,6 +237,8 @@ pub async fn run_with_core(
     };
     let mut asked_at: BTreeMap<String, u64> = BTreeMap::new();
     let mut reply_lat: Vec<u64> = Vec::new();
+    let mut requested_at: BTreeMap<String, u64> = BTreeMap::new();
+    let mut result_lat: Vec<u64> = Vec::new();
     let mut report = SimReport::default();
     for (at, t) in events {
         report.triggers += 1;
@@ -252,6 +259,9 @@ pub async fn run_with_core(
         if let Event::Trigger(t) = &ev {
             world.triggers.insert(t.id.clone(), t.clone());
             asked_at.entry(t.thread.clone()).or_insert(world.now);
+            if t.text.contains('`') {
+                requested_at.entry(t.thread.clone()).or_insert(world.now);
+            }
         }
         let fx = core.handle(&mut world, ev);
         core.take_dirty();
@@ -266,6 +276,7 @@ pub async fn run_with_core(
                     let m0 = Instant::now();
                     let (resp, latency) = model.respond(&request);
                     report.model_ms += m0.elapsed().as_secs_f64() * 1000.0;
+                    report.model_latency_ms += latency.as_millis() as u64;
                     if kind == super::core::SessionKind::Worker {
                         report.worker_model_calls += 1;
                         report.worker_usage += resp.usage;
@@ -409,6 +420,11 @@ pub async fn run_with_core(
                     if let Some(t0) = asked_at.remove(&r.thread) {
                         reply_lat.push(world.now - t0);
                     }
+                    if r.text.starts_with("Done:") {
+                        if let Some(t0) = requested_at.remove(&r.thread) {
+                            result_lat.push(world.now - t0);
+                        }
+                    }
                     // A question is answered by its asker a minute later.
                     if r.text.starts_with("Approval needed") {
                         let id = format!("trg_ans{}", report.replies);
@@ -462,6 +478,8 @@ pub async fn run_with_core(
     }
     reply_lat.sort_unstable();
     report.reply_p50_ms = reply_lat.get(reply_lat.len() / 2).copied().unwrap_or(0);
+    result_lat.sort_unstable();
+    report.result_p50_ms = result_lat.get(result_lat.len() / 2).copied().unwrap_or(0);
     report.quiescent = core.quiescent();
     Ok((report, core))
 }
