@@ -261,7 +261,6 @@ impl Backend for SledBackend {
         use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
         let spaces: Vec<Space> = {
             let mut v: Vec<Space> = ops.iter().map(|o| o.space).collect();
-            v.dedup();
             v.sort_by_key(|s| s.name());
             v.dedup();
             v
@@ -984,6 +983,36 @@ mod tests {
             state: CommandState::Queued as i32,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn batch_writes_and_deletes_across_spaces_at_once() {
+        let (_d, s) = store();
+        s.batch(&[
+            Op::put(Space::Agents, b"i/1".to_vec(), b"ev".to_vec()),
+            Op::put(Space::Agents, b"r/router".to_vec(), b"{}".to_vec()),
+        ])
+        .unwrap();
+        let t = pb::Trigger {
+            id: "trg_x".into(),
+            ..Default::default()
+        };
+        s.batch(&[
+            Op::trigger(&t),
+            Op::put(Space::Agents, b"r/wrk_1".to_vec(), b"{}".to_vec()),
+            Op::delete(Space::Agents, b"i/1".to_vec()),
+        ])
+        .unwrap();
+        assert!(s.get_trigger("trg_x").unwrap().is_some());
+        assert!(s.agent_inbox(10).unwrap().is_empty());
+        let keys: Vec<String> = s
+            .agent_records()
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, ["router", "wrk_1"]);
+        s.batch(&[]).unwrap();
     }
 
     #[test]

@@ -218,6 +218,18 @@ fn cancel_from_the_thread_bounces_to_the_router_and_stops_the_command() {
         .count();
     assert_eq!(bounces, 2, "chatter and the cancel were both bounced");
     assert!(router(&server)["stats"]["passed_through"].as_u64() >= Some(2));
+    wait_for("router settles", T, || {
+        let st = router(&server);
+        (st["queued"] == 0 && st["in_flight"] == false).then_some(())
+    });
+    let r = replies(&server, "c1");
+    assert_eq!(
+        r.iter()
+            .filter(|x| x.to_lowercase().contains("cancel"))
+            .count(),
+        1,
+        "the Router's own cancel is said once: {r:?}"
+    );
 }
 
 #[test]
@@ -237,6 +249,9 @@ fn cancel_from_the_cli_stops_the_task_and_its_commands() {
     wait_for("task cancelled", T, || {
         (tasks(&server)[0]["status"] == "cancelled").then_some(())
     });
+    // The Router tells the thread what happened.
+    let r = wait_replies(&server, "k1", 2);
+    assert!(r[1].contains("cancelled by admin"), "{r:?}");
     let out = server.byom(&["tasks", "cancel", &task]);
     assert!(!out.status.success(), "cancelling twice is refused");
     assert!(stderr(&out).contains("already ended"), "{}", stderr(&out));

@@ -432,6 +432,8 @@ pub struct Core {
     /// the Router decides every trigger; for comparisons).
     pub pass_through: bool,
     dirty: BTreeSet<String>,
+    /// Set while the Router itself cancels a worker.
+    quiet_cancel: bool,
 }
 
 /// Key of the Router's record.
@@ -958,7 +960,10 @@ impl Core {
                     .and_then(Value::as_str)
                     .unwrap_or("cancelled by the router")
                     .to_string();
+                // The Router decided this itself: no report back to it.
+                self.quiet_cancel = true;
                 self.cancel_worker(world, &w, &reason, fx);
+                self.quiet_cancel = false;
                 Ok(format!("cancelled {w}"))
             }
             "answer" => {
@@ -1556,6 +1561,10 @@ impl Core {
                 let _ = parent;
             }
             Some(_) => {}
+            // finish_worker tells the Router about a failure.
+            None if status == "failed" => {
+                self.finish_worker(world, id, WorkerStatus::Failed, text, fx);
+            }
             None => {
                 let threads = w.threads.clone();
                 push_bounded(
@@ -1568,9 +1577,6 @@ impl Core {
                     },
                 );
                 self.dirty.insert(ROUTER.into());
-                if status == "failed" {
-                    self.finish_worker(world, id, WorkerStatus::Failed, text, fx);
-                }
             }
         }
     }
@@ -1646,19 +1652,14 @@ impl Core {
                 self.js_settle(&p, run, call, r, fx);
                 self.spawn_queued(world, &p, fx);
             }
-        } else if status != WorkerStatus::Done && status != WorkerStatus::Idle {
-            let cancelled = status == WorkerStatus::Cancelled;
+        } else if status != WorkerStatus::Done && !self.quiet_cancel {
             push_bounded(
                 &mut self.router,
                 RouterItem::Report {
                     worker: id.to_string(),
                     threads,
                     status: status.name().to_string(),
-                    text: if cancelled {
-                        format!("cancelled: {text}")
-                    } else {
-                        text.to_string()
-                    },
+                    text: text.to_string(),
                 },
             );
             self.dirty.insert(ROUTER.into());
@@ -1725,11 +1726,7 @@ impl Core {
                 self.settle_status(id);
             }
             JsOutcome::Done { result, logs } => {
-                let snap = js.snapshot.take();
-                w.js = None;
-                if let Some(s) = snap {
-                    fx.push(Effect::DropSnapshot { snapshot: s });
-                }
+                self.end_program(world, id, "the program finished", fx);
                 let logs = if logs.is_empty() {
                     String::new()
                 } else {
@@ -1742,28 +1739,56 @@ impl Core {
                 self.worker_input(world, id, line);
             }
             JsOutcome::Error { kind, message } => {
-                let snap = js.snapshot.take();
-                let children: Vec<String> = js
-                    .calls
-                    .values()
-                    .filter_map(|s| match s {
-                        JsCallState::Subagent(c) => Some(c.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                w.js = None;
-                if let Some(s) = snap {
-                    fx.push(Effect::DropSnapshot { snapshot: s });
-                }
-                for c in children {
-                    self.cancel_worker(world, &c, "its program failed", fx);
-                }
+                self.end_program(world, id, "its program failed", fx);
                 let line = format!(
                     "<event program={id}/js{run} state=error kind={kind}>{}</event>",
                     escape(&message)
                 );
                 self.worker_input(world, id, line);
             }
+        }
+    }
+
+    /// A program ended (done or failed) while calls it made may still be
+    /// out (a rejected `Promise.all`, a call never awaited): stop them.
+    fn end_program(&mut self, world: &mut dyn World, id: &str, why: &str, fx: &mut Vec<Effect>) {
+        let now = world.now();
+        let Some(w) = self.workers.get_mut(id) else {
+            return;
+        };
+        let Some(js) = w.js.take() else {
+            return;
+        };
+        if let Some(s) = js.snapshot {
+            fx.push(Effect::DropSnapshot { snapshot: s });
+        }
+        let mut children = Vec::new();
+        for st in js.calls.values() {
+            match st {
+                JsCallState::Command(cmd) => {
+                    if w.commands.get(cmd).is_some_and(|c| !c.done) {
+                        fx.push(Effect::StopCommand {
+                            cmd: cmd.clone(),
+                            reason: why.to_string(),
+                        });
+                    }
+                }
+                JsCallState::Subagent(c) => children.push(c.clone()),
+                JsCallState::Approval(a) => {
+                    if let Some(a) = self.approvals.get_mut(a) {
+                        if a.state == "open" {
+                            a.state = "cancelled".into();
+                            a.answered_ms = now;
+                            self.dirty.insert(a.id.clone());
+                        }
+                    }
+                }
+                JsCallState::SpawnQueued { .. } | JsCallState::Settled => {}
+            }
+        }
+        self.dirty.insert(id.to_string());
+        for c in children {
+            self.cancel_worker(world, &c, why, fx);
         }
     }
 
