@@ -564,3 +564,36 @@ fn the_same_server_runs_against_an_openai_compatible_provider() {
         "{st}"
     );
 }
+
+#[test]
+fn chat_reads_lines_from_stdin() {
+    use std::io::Write;
+    let (_dir, server, _d) = setup(&[]);
+    let mut child = server
+        .byom_cmd(&[
+            "chat",
+            "--thread",
+            "s1",
+            "--user",
+            "cy",
+            "--wait",
+            "30s",
+            "--replies",
+            "2",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "please run `echo typed-in` on lap").unwrap();
+        writeln!(stdin).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(text.contains("byom: On it"), "{text}");
+    assert!(text.contains("typed-in"), "{text}");
+}
