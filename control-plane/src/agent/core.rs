@@ -90,6 +90,8 @@ pub const MAX_TOOL_CALLS_PER_REPLY: usize = 32;
 pub const MAX_LIVE_WORKERS: usize = 512;
 /// Commands one worker may have running at once.
 pub const MAX_RUNNING_COMMANDS: usize = 16;
+/// Router model failures in a row before people waiting are told.
+pub const ROUTER_FAILURES_BEFORE_NOTICE: u32 = 3;
 /// Model failures in a row before a worker gives up.
 pub const MAX_MODEL_FAILURES: u32 = 5;
 /// Longest backoff between model retries after `complete` gave up.
@@ -850,6 +852,9 @@ impl Core {
                     }
                 }
                 self.router.retry_at = Some(world.now() + backoff(self.router.failures));
+                if self.router.failures == ROUTER_FAILURES_BEFORE_NOTICE {
+                    self.model_down_notice(world, &e, fx);
+                }
                 return;
             }
         };
@@ -884,6 +889,32 @@ impl Core {
             self.issue_router_call(fx);
         } else {
             self.router.turn_items.clear();
+        }
+    }
+
+    /// The watchdog's voice when the Router's model is down: everyone who
+    /// addressed the agent hears that their message is queued, once per
+    /// outage.
+    fn model_down_notice(&mut self, world: &mut dyn World, err: &str, fx: &mut Vec<Effect>) {
+        let mut threads: Vec<String> = self
+            .router
+            .queue
+            .iter()
+            .filter_map(|it| match it {
+                RouterItem::Trigger(t) if t.mention => Some(t.thread.clone()),
+                _ => None,
+            })
+            .collect();
+        threads.sort();
+        threads.dedup();
+        let why: String = err.chars().take(120).collect();
+        for t in threads {
+            let text = format!(
+                "I can't reach my model right now ({why}). Your message is queued; I'll answer when it's back."
+            );
+            if let Ok(r) = self.reply(world, &t, &text, "delayed") {
+                fx.push(Effect::Reply(r));
+            }
         }
     }
 
@@ -2367,9 +2398,40 @@ mod tests {
         assert_eq!(core.router.queue.len(), 2, "nothing dropped");
         w.now = 60_000;
         let fx = core.handle(&mut w, Event::Tick);
-        let (_, _, req) = model_call(&fx).expect("retried after the backoff");
+        let (session, turn, req) = model_call(&fx).expect("retried after the backoff");
         let last = &req.messages.last().unwrap().text;
         assert!(last.contains("trg_1") && last.contains("trg_2"), "{last}");
+        // A third failure in a row: people waiting hear about it, once.
+        let fx = core.handle(
+            &mut w,
+            Event::ModelDone {
+                session,
+                turn,
+                result: Err("503".into()),
+            },
+        );
+        assert!(fx.is_empty());
+        w.now = 600_000;
+        let fx = core.handle(&mut w, Event::Tick);
+        let (session, turn, _) = model_call(&fx).unwrap();
+        let fx = core.handle(
+            &mut w,
+            Event::ModelDone {
+                session,
+                turn,
+                result: Err("503".into()),
+            },
+        );
+        let notices: Vec<&Reply> = fx
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Reply(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(notices.len(), 2, "one per waiting thread");
+        assert!(notices[0].text.contains("queued"));
+        assert_eq!(core.router.queue.len(), 2, "still nothing dropped");
     }
 
     #[test]
