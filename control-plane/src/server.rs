@@ -110,6 +110,8 @@ impl Shared {
 pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.data_dir)
         .with_context(|| format!("cannot create data dir {}", opts.data_dir.display()))?;
+    // Configuration errors first, before anything is opened or bound.
+    let agent_cfg = Arc::new(agent_config(&opts)?);
     let store = Store::open_sled(&opts.data_dir.join("store"))
         .with_context(|| format!("cannot open the store in {}", opts.data_dir.display()))?;
 
@@ -144,7 +146,6 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .with_context(|| format!("cannot bind webhooks on {}", opts.listen_webhook))?;
     let webhook_addr = webhook_listener.local_addr()?;
     let rules = crate::triggers::Rules::load(&opts.data_dir)?;
-    let agent_cfg = Arc::new(agent_config(&opts)?);
     let (agent_tx, agent_rx) = tokio::sync::mpsc::channel(crate::agent::driver::INTERNAL_EVENTS);
     let webhook_key = crate::webhook::load_or_create_key(&opts.data_dir)?;
 

@@ -597,3 +597,64 @@ fn chat_reads_lines_from_stdin() {
     assert!(text.contains("byom: On it"), "{text}");
     assert!(text.contains("typed-in"), "{text}");
 }
+
+#[test]
+fn label_selectors_and_configured_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("server")).unwrap();
+    // Budgets are named and configurable.
+    std::fs::write(
+        dir.path().join("server/agents.toml"),
+        "[budgets]\nchat_reply_words = 12\n",
+    )
+    .unwrap();
+    let server = Server::start(dir.path());
+    let tok = server.token(&["--name", "web-1", "--label", "team=web"]);
+    let mut d = Daemon::new(dir.path(), "web-1");
+    d.pair(&tok, "web-1");
+    d.start();
+    server.wait_online("web-1", true, T);
+
+    say(
+        &server,
+        "l1",
+        "please run `hostname` on any machine with label team=web",
+    );
+    let r = wait_replies(&server, "l1", 2);
+    assert!(r[1].starts_with("Done:"), "{r:?}");
+    assert!(r[1].split_whitespace().count() <= 12, "{}", r[1]);
+    let t = &tasks(&server)[0];
+    let w = server.json(&["workers", "show", t["id"].as_str().unwrap()]);
+    let cmd = w["commands"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        server.command(&cmd)["machine_id"],
+        server.machine("web-1")["id"]
+    );
+
+    std::fs::write(
+        dir.path().join("server/agents.toml"),
+        "[budgets]\nchat_reply_wordz = 12\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(byom_tests::bin("byom"))
+        .args(["server", "--data-dir"])
+        .arg(dir.path().join("server"))
+        .args([
+            "--listen-quic",
+            "127.0.0.1:0",
+            "--listen-api",
+            "127.0.0.1:0",
+            "--listen-webhook",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("agents.toml"), "{}", stderr(&out));
+}

@@ -2527,6 +2527,141 @@ mod tests {
         assert_eq!(core.workers.len(), MAX_TOOL_CALLS_PER_REPLY);
     }
 
+    fn reply_with(calls: Vec<(&str, Value)>) -> Response {
+        Response {
+            text: String::new(),
+            tool_calls: calls
+                .into_iter()
+                .enumerate()
+                .map(|(i, (n, a))| ToolCall {
+                    id: format!("t{i}"),
+                    name: n.into(),
+                    arguments: a,
+                })
+                .collect(),
+            usage: Usage::default(),
+            stop_reason: "tool_calls".into(),
+            attempts: 1,
+        }
+    }
+
+    /// A worker on thr_1, created by the Router; returns its ID.
+    fn with_worker(core: &mut Core, w: &mut W) -> String {
+        let fx = core.handle(w, trig("trg_1", "thr_1", "hi"));
+        let (session, turn, _) = model_call(&fx).unwrap();
+        core.handle(
+            w,
+            Event::ModelDone {
+                session,
+                turn,
+                result: Ok(reply_with(vec![(
+                    "create_worker",
+                    json!({"task": "watch", "threads": ["thr_1"], "machine": "lap"}),
+                )])),
+            },
+        );
+        core.workers.keys().next().unwrap().clone()
+    }
+
+    fn worker_step(core: &mut Core, w: &mut W, id: &str, calls: Vec<(&str, Value)>) -> Vec<Effect> {
+        let turn = core.workers[id].in_flight.expect("a call in flight");
+        core.handle(
+            w,
+            Event::ModelDone {
+                session: id.into(),
+                turn,
+                result: Ok(reply_with(calls)),
+            },
+        )
+    }
+
+    #[test]
+    fn unsubscribing_sends_the_thread_back_to_the_router() {
+        let mut core = Core::new(Budgets::default());
+        let mut w = W { now: 0, seq: 0 };
+        let id = with_worker(&mut core, &mut w);
+        assert!(core.router.subs["thr_1"].contains(&id));
+        worker_step(&mut core, &mut w, &id, vec![("unsubscribe", json!({}))]);
+        assert!(!core.router.subs.contains_key("thr_1"));
+        let before = core.router.stats.passed_through;
+        core.handle(&mut w, trig("trg_2", "thr_1", "more"));
+        assert_eq!(core.router.stats.passed_through, before);
+        assert!(core
+            .router
+            .queue
+            .iter()
+            .any(|i| matches!(i, RouterItem::Trigger(t) if t.id == "trg_2")));
+    }
+
+    #[test]
+    fn recall_and_read_page_through_long_objects() {
+        struct Big(W);
+        impl World for Big {
+            fn now(&self) -> Ms {
+                0
+            }
+            fn new_id(&mut self, k: Kind) -> String {
+                self.0.new_id(k)
+            }
+            fn policies(&self) -> Vec<String> {
+                Vec::new()
+            }
+            fn machines(&self) -> Vec<String> {
+                Vec::new()
+            }
+            fn lookup(&self, id: &str) -> Option<String> {
+                (id == "cmd_big").then(|| "x".repeat(10_000) + "END")
+            }
+        }
+        let mut core = Core::new(Budgets {
+            recall_chars: 4000,
+            ..Budgets::default()
+        });
+        let mut w = Big(W { now: 0, seq: 0 });
+        let id = {
+            let fx = core.handle(&mut w, trig("trg_1", "thr_1", "hi"));
+            let (session, turn, _) = model_call(&fx).unwrap();
+            core.handle(
+                &mut w,
+                Event::ModelDone {
+                    session,
+                    turn,
+                    result: Ok(reply_with(vec![(
+                        "create_worker",
+                        json!({"task": "t", "threads": ["thr_1"], "machine": "lap"}),
+                    )])),
+                },
+            );
+            core.workers.keys().next().unwrap().clone()
+        };
+        let turn = core.workers[&id].in_flight.unwrap();
+        core.handle(
+            &mut w,
+            Event::ModelDone {
+                session: id.clone(),
+                turn,
+                result: Ok(reply_with(vec![
+                    ("recall", json!({"id": "cmd_big"})),
+                    ("read", json!({"id": "cmd_big", "offset": 8000})),
+                    ("recall", json!({"id": "cmd_nope"})),
+                ])),
+            },
+        );
+        let results: Vec<String> = core.workers[&id]
+            .conversation
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .map(|m| m.text.clone())
+            .collect();
+        assert!(
+            results[0].contains("read(\"cmd_big\", 4000)"),
+            "{}",
+            &results[0][4000..]
+        );
+        assert!(results[1].ends_with("END"), "the last page has the end");
+        assert!(results[2].contains("no object cmd_nope"));
+    }
+
     #[test]
     fn a_turn_takes_a_bounded_batch() {
         let mut core = Core::new(Budgets {

@@ -283,8 +283,23 @@ fn fenced_js(text: &str) -> Option<String> {
     Some(body[..end].trim().to_string())
 }
 
+/// `… with label k=v`: a label selector instead of a machine name.
+fn labels_of(text: &str) -> Option<(String, String)> {
+    let lower = text.to_lowercase();
+    let i = lower.find("label ")?;
+    let word: String = text[i + 6..]
+        .chars()
+        .take_while(|c| !c.is_whitespace() && *c != ',' && *c != '`')
+        .collect();
+    let (k, v) = word.trim_end_matches('.').split_once('=')?;
+    (!k.is_empty() && !v.is_empty()).then(|| (k.to_string(), v.to_string()))
+}
+
 /// The word after the last " on " (a machine name), if any.
 fn machine_of(text: &str) -> Option<String> {
+    if labels_of(text).is_some() {
+        return None;
+    }
     let lower = text.to_lowercase();
     let i = lower.rfind(" on ")?;
     let word: String = text[i + 4..]
@@ -408,6 +423,9 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
             let mut args = json!({"task": text, "threads": [thread]});
             if let Some(m) = machine_of(text) {
                 args["machine"] = json!(m);
+            }
+            if let Some((k, v)) = labels_of(text) {
+                args["labels"] = json!({ k: v });
             }
             calls.push(("create_worker".into(), args));
             calls.push((
@@ -728,5 +746,8 @@ mod tests {
         assert_eq!(backticked("a `x` b `y z` c"), ["x", "y z"]);
         assert_eq!(backticked("no ticks"), Vec::<String>::new());
         assert_eq!(machine_of("run `ls` on lap."), Some("lap".into()));
+        let t = "run `ls` on any machine with label team=web.";
+        assert_eq!(labels_of(t), Some(("team".into(), "web".into())));
+        assert_eq!(machine_of(t), None);
     }
 }
