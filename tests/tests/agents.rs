@@ -412,14 +412,21 @@ fn sign(key: &[u8], body: &str) -> String {
     )
 }
 
-/// An OpenAI-compatible Chat Completions endpoint on loopback. Its answers
-/// come from the scripted rules, so the test is deterministic, but every
-/// byte crosses the real provider path: `--model openai:NAME`, the base URL
-/// and key from the environment, the JSON wire format both ways, usage.
-struct FakeOpenAi {
+/// A provider endpoint on loopback speaking the OpenAI Chat Completions or
+/// the Anthropic Messages API. Its answers come from the scripted rules, so
+/// the test is deterministic, but every byte crosses the real provider
+/// path: `--model openai:NAME` / `anthropic:NAME`, base URL and key from
+/// the environment, the JSON wire format both ways, usage with cache reads.
+struct FakeProvider {
     addr: std::net::SocketAddr,
     calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     auth_ok: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Api {
+    OpenAi,
+    Anthropic,
 }
 
 fn openai_to_request(body: &Value) -> byom_control_plane::model::Request {
@@ -456,8 +463,92 @@ fn openai_to_request(body: &Value) -> byom_control_plane::model::Request {
     req
 }
 
-impl FakeOpenAi {
-    fn start() -> FakeOpenAi {
+fn anthropic_to_request(body: &Value) -> byom_control_plane::model::Request {
+    use byom_control_plane::model::{Message, Request, ToolCall};
+    let mut req = Request {
+        system: body["system"][0]["text"].as_str().unwrap_or("").to_string(),
+        ..Default::default()
+    };
+    for m in body["messages"].as_array().cloned().unwrap_or_default() {
+        let blocks = m["content"].as_array().cloned().unwrap_or_default();
+        if m["role"] == "assistant" {
+            let text: String = blocks
+                .iter()
+                .filter(|b| b["type"] == "text")
+                .filter_map(|b| b["text"].as_str())
+                .collect();
+            let calls = blocks
+                .iter()
+                .filter(|b| b["type"] == "tool_use")
+                .map(|b| ToolCall {
+                    id: b["id"].as_str().unwrap_or("").into(),
+                    name: b["name"].as_str().unwrap_or("").into(),
+                    arguments: b["input"].clone(),
+                })
+                .collect();
+            req.messages.push(Message::assistant(text, calls));
+            continue;
+        }
+        // A user turn may carry tool results and text, in that order.
+        for b in blocks {
+            if b["type"] == "tool_result" {
+                req.messages.push(Message::tool_result(
+                    b["tool_use_id"].as_str().unwrap_or(""),
+                    b["content"].as_str().unwrap_or(""),
+                ));
+            } else {
+                req.messages
+                    .push(Message::user(b["text"].as_str().unwrap_or("")));
+            }
+        }
+    }
+    req
+}
+
+fn reply_body(api: Api, resp: &byom_control_plane::model::Response) -> String {
+    let u = &resp.usage;
+    match api {
+        Api::OpenAi => {
+            let calls: Vec<Value> = resp
+                .tool_calls
+                .iter()
+                .map(|c| serde_json::json!({"id": c.id, "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments.to_string()}}))
+                .collect();
+            let mut msg = serde_json::json!({"role": "assistant", "content": resp.text});
+            if !calls.is_empty() {
+                msg["tool_calls"] = Value::Array(calls);
+            }
+            serde_json::json!({
+                "id": "chatcmpl-1", "object": "chat.completion",
+                "choices": [{"index": 0, "message": msg,
+                             "finish_reason": if resp.tool_calls.is_empty() {"stop"} else {"tool_calls"}}],
+                "usage": {"prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
+                          "prompt_tokens_details": {"cached_tokens": u.cache_read_tokens}}
+            })
+        }
+        Api::Anthropic => {
+            let mut content = Vec::new();
+            if !resp.text.is_empty() {
+                content.push(serde_json::json!({"type": "text", "text": resp.text}));
+            }
+            for c in &resp.tool_calls {
+                content.push(serde_json::json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}));
+            }
+            serde_json::json!({
+                "id": "msg_1", "type": "message", "role": "assistant", "content": content,
+                "stop_reason": if resp.tool_calls.is_empty() {"end_turn"} else {"tool_use"},
+                "usage": {"input_tokens": u.input_tokens - u.cache_read_tokens,
+                          "cache_read_input_tokens": u.cache_read_tokens,
+                          "output_tokens": u.output_tokens}
+            })
+        }
+    }
+    .to_string()
+}
+
+impl FakeProvider {
+    fn start(api: Api) -> FakeProvider {
         use std::io::{BufRead, BufReader, Read, Write};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -471,55 +562,43 @@ impl FakeOpenAi {
                 let mut r = BufReader::new(conn.try_clone().unwrap());
                 let mut len = 0usize;
                 let mut auth = false;
+                let mut first = String::new();
+                let _ = r.read_line(&mut first);
                 let mut line = String::new();
                 loop {
                     line.clear();
-                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                    if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
                         break;
                     }
                     let l = line.to_ascii_lowercase();
                     if let Some(v) = l.strip_prefix("content-length:") {
                         len = v.trim().parse().unwrap_or(0);
                     }
-                    if l.starts_with("authorization: bearer sk-test") {
+                    if l.starts_with("authorization: bearer sk-test")
+                        || l.starts_with("x-api-key: sk-ant-test")
+                    {
                         auth = true;
-                    }
-                    if line == "\r\n" {
-                        break;
                     }
                 }
                 let mut body = vec![0u8; len];
                 if r.read_exact(&mut body).is_err() {
                     continue;
                 }
-                if !auth {
+                let path_ok = match api {
+                    Api::OpenAi => first.starts_with("POST /v1/chat/completions "),
+                    Api::Anthropic => first.starts_with("POST /v1/messages "),
+                };
+                if !auth || !path_ok {
                     a2.store(false, std::sync::atomic::Ordering::SeqCst);
                 }
                 c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                assert_eq!(v["model"], "fake-gpt");
-                let (resp, _) = model.respond(&openai_to_request(&v));
-                let calls: Vec<Value> = resp
-                    .tool_calls
-                    .iter()
-                    .map(|c| {
-                        serde_json::json!({"id": c.id, "type": "function",
-                        "function": {"name": c.name, "arguments": c.arguments.to_string()}})
-                    })
-                    .collect();
-                let mut msg = serde_json::json!({"role": "assistant", "content": resp.text});
-                if !calls.is_empty() {
-                    msg["tool_calls"] = Value::Array(calls);
-                }
-                let out = serde_json::json!({
-                    "id": "chatcmpl-1", "object": "chat.completion",
-                    "choices": [{"index": 0, "message": msg,
-                                 "finish_reason": if resp.tool_calls.is_empty() {"stop"} else {"tool_calls"}}],
-                    "usage": {"prompt_tokens": resp.usage.input_tokens,
-                              "completion_tokens": resp.usage.output_tokens,
-                              "prompt_tokens_details": {"cached_tokens": resp.usage.cache_read_tokens}}
-                })
-                .to_string();
+                let req = match api {
+                    Api::OpenAi => openai_to_request(&v),
+                    Api::Anthropic => anthropic_to_request(&v),
+                };
+                let (resp, _) = model.respond(&req);
+                let out = reply_body(api, &resp);
                 let mut w = conn;
                 let _ = write!(
                     w,
@@ -528,7 +607,7 @@ impl FakeOpenAi {
                 );
             }
         });
-        FakeOpenAi {
+        FakeProvider {
             addr,
             calls,
             auth_ok,
@@ -537,32 +616,45 @@ impl FakeOpenAi {
 }
 
 #[test]
-fn the_same_server_runs_against_an_openai_compatible_provider() {
-    let api = FakeOpenAi::start();
-    let base = format!("http://{}/v1", api.addr);
+fn the_same_server_runs_against_real_provider_apis() {
+    let openai = FakeProvider::start(Api::OpenAi);
+    let anthropic = FakeProvider::start(Api::Anthropic);
     // Keys come from the environment only.
     std::env::set_var("OPENAI_API_KEY", "sk-test");
+    std::env::set_var("ANTHROPIC_API_KEY", "sk-ant-test");
+    let openai_base = format!("http://{}/v1", openai.addr);
+    let anthropic_base = format!("http://{}", anthropic.addr);
+    // A light Router on one provider, strong Workers on the other.
     let (_dir, server, _d) = setup(&[
         "--router-model",
         "openai:fake-gpt",
         "--worker-model",
-        "openai:fake-gpt",
+        "anthropic:fake-claude",
         "--openai-base-url",
-        &base,
+        &openai_base,
+        "--anthropic-base-url",
+        &anthropic_base,
     ]);
-    say(&server, "o1", "please run `echo via-openai` on lap");
+    say(&server, "o1", "please run `echo via-providers` on lap");
     let r = wait_replies(&server, "o1", 2);
-    assert!(r[1].contains("via-openai"), "{r:?}");
-    assert!(api.calls.load(std::sync::atomic::Ordering::SeqCst) >= 4);
-    assert!(
-        api.auth_ok.load(std::sync::atomic::Ordering::SeqCst),
-        "key sent"
-    );
+    assert!(r[1].contains("via-providers"), "{r:?}");
+    for (name, p) in [("openai", &openai), ("anthropic", &anthropic)] {
+        assert!(
+            p.calls.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+            "{name}"
+        );
+        assert!(
+            p.auth_ok.load(std::sync::atomic::Ordering::SeqCst),
+            "{name}: key and path"
+        );
+    }
     let st = router(&server);
     assert!(
         st["stats"]["usage"]["cache_read_tokens"].as_u64() > Some(0),
         "{st}"
     );
+    let t = &tasks(&server)[0];
+    assert!(t["usage"]["cache_read_tokens"].as_u64() > Some(0), "{t}");
 }
 
 #[test]

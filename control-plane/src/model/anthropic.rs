@@ -35,6 +35,10 @@ impl Anthropic {
                     for c in &m.tool_calls {
                         blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}));
                     }
+                    // The API refuses an empty assistant turn.
+                    if blocks.is_empty() {
+                        blocks.push(json!({"type": "text", "text": "(no reply)"}));
+                    }
                     ("assistant", Value::Array(blocks))
                 }
             };

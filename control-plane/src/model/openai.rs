@@ -26,7 +26,9 @@ impl OpenAi {
                 Role::User => json!({"role": "user", "content": m.text}),
                 Role::Tool => json!({"role": "tool", "tool_call_id": m.call_id, "content": m.text}),
                 Role::Assistant => {
-                    let mut v = json!({"role": "assistant", "content": if m.text.is_empty() { Value::Null } else { json!(m.text) }});
+                    // Null content is only valid alongside tool calls.
+                    let content = if m.text.is_empty() && !m.tool_calls.is_empty() { Value::Null } else { json!(m.text) };
+                    let mut v = json!({"role": "assistant", "content": content});
                     if !m.tool_calls.is_empty() {
                         v["tool_calls"] = m
                             .tool_calls
