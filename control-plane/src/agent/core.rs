@@ -362,6 +362,22 @@ pub enum JsCallState {
     Settled,
 }
 
+/// What the interpreter is doing for a program. An explicit enum, not
+/// `Option<Option<…>>`: JSON cannot tell `Some(None)` from `None`, and a
+/// reloaded program must know it was mid-eval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum JsStep {
+    /// Waiting for results (or for nothing: about to end).
+    Idle,
+    /// The first eval of the code.
+    Eval,
+    /// Resuming from the snapshot with this call's result.
+    Resume {
+        call: u32,
+        result: Result<Value, String>,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JsRun {
     pub run: u64,
@@ -369,9 +385,8 @@ pub struct JsRun {
     pub started_ms: Ms,
     /// The latest snapshot (None before the first pause).
     pub snapshot: Option<String>,
-    /// The step in flight: None = not running; Some(None) = first eval;
-    /// Some(Some((call, result))) = resuming with that result.
-    pub busy: Option<Option<(u32, Result<Value, String>)>>,
+    /// The interpreter step in flight, if any.
+    pub step: JsStep,
     /// Results waiting for the interpreter to be free.
     pub ready: VecDeque<(u32, Result<Value, String>)>,
     pub calls: BTreeMap<u32, JsCallState>,
@@ -511,14 +526,14 @@ impl Core {
                 }
             }
             if let Some(js) = &w.js {
-                match (&js.busy, &js.snapshot) {
-                    (Some(None), _) => fx.push(Effect::RunJs {
+                match (&js.step, &js.snapshot) {
+                    (JsStep::Eval, _) => fx.push(Effect::RunJs {
                         worker: id.clone(),
                         run: js.run,
                         code: js.code.clone(),
                         clock_ms: js.started_ms,
                     }),
-                    (Some(Some((call, result))), Some(snap)) => fx.push(Effect::ResumeJs {
+                    (JsStep::Resume { call, result }, Some(snap)) => fx.push(Effect::ResumeJs {
                         worker: id.clone(),
                         run: js.run,
                         snapshot: snap.clone(),
@@ -1400,7 +1415,7 @@ impl Core {
                     code: code.clone(),
                     started_ms: now,
                     snapshot: None,
-                    busy: Some(None),
+                    step: JsStep::Eval,
                     ready: VecDeque::new(),
                     calls: BTreeMap::new(),
                     spawned: 0,
@@ -1735,10 +1750,10 @@ impl Core {
         let Some(js) = w.js.as_mut() else {
             return;
         };
-        if js.run != run || js.busy.is_none() || w.status.is_closed() {
+        if js.run != run || js.step == JsStep::Idle || w.status.is_closed() {
             return;
         }
-        js.busy = None;
+        js.step = JsStep::Idle;
         self.dirty.insert(id.to_string());
         match outcome {
             JsOutcome::Paused { snapshot, pending } => {
@@ -2058,7 +2073,7 @@ impl Core {
         let Some(js) = w.js.as_mut() else {
             return;
         };
-        if js.busy.is_some() {
+        if js.step != JsStep::Idle {
             return;
         }
         let Some(snapshot) = js.snapshot.clone() else {
@@ -2067,7 +2082,10 @@ impl Core {
         let Some((call, result)) = js.ready.pop_front() else {
             return;
         };
-        js.busy = Some(Some((call, result.clone())));
+        js.step = JsStep::Resume {
+            call,
+            result: result.clone(),
+        };
         w.status = WorkerStatus::Running;
         self.dirty.insert(id.to_string());
         fx.push(Effect::ResumeJs {

@@ -23,13 +23,19 @@ use crate::model::Usage;
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub latency: Latency,
-    /// How long a simulated command runs.
+    /// How long a simulated command runs (`commands` counts distinct ones
+    /// the machines ran).
     pub command_ms: u64,
     /// Triggers on subscribed threads go straight to their workers.
     pub pass_through: bool,
     pub budgets: Budgets,
     /// Machines that exist (names).
     pub machines: Vec<String>,
+    /// Crash after every this many steps (0: never): the core is rebuilt
+    /// from its persisted records, everything in memory (model replies,
+    /// command ends, program steps in flight) is lost, and
+    /// `resume_effects` must bring it all back.
+    pub crash_every: u64,
 }
 
 impl Default for SimConfig {
@@ -44,6 +50,7 @@ impl Default for SimConfig {
             pass_through: true,
             budgets: Budgets::default(),
             machines: vec!["lap".into(), "ci".into()],
+            crash_every: 0,
         }
     }
 }
@@ -79,6 +86,7 @@ pub struct SimReport {
     /// Simulated time spent waiting on the model, summed over all calls.
     pub model_latency_ms: u64,
     pub quiescent: bool,
+    pub crashes: u64,
 }
 
 struct SimWorld {
@@ -245,6 +253,10 @@ pub async fn run_with_core(
         push(&mut heap, &mut pending, at, Event::Trigger(t));
     }
     let mut snapshots: HashMap<String, Vec<u8>> = HashMap::new();
+    // What the store would hold: every record as last committed.
+    let mut persisted: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    // The simulated machines: command → when it ends (they outlive crashes).
+    let mut machine_cmds: HashMap<String, u64> = HashMap::new();
     let limit = 7 * 24 * 3600 * 1000u64;
     let mut steps = 0u64;
     while let Some(Reverse((at, _, slot))) = heap.pop() {
@@ -263,8 +275,29 @@ pub async fn run_with_core(
                 requested_at.entry(t.thread.clone()).or_insert(world.now);
             }
         }
-        let fx = core.handle(&mut world, ev);
-        core.take_dirty();
+        let mut fx = core.handle(&mut world, ev);
+        for k in core.take_dirty() {
+            if let Some(v) = core.record(&k) {
+                persisted.insert(k, v);
+            }
+        }
+        if cfg.crash_every > 0 && steps % cfg.crash_every == 0 {
+            // Replies were committed with the step; the rest is lost.
+            let committed: Vec<Effect> = fx
+                .into_iter()
+                .filter(|e| matches!(e, Effect::Reply(_)))
+                .collect();
+            report.crashes += 1;
+            pending.retain(|_, e| matches!(e, Event::Trigger(_)));
+            core = Core::new(cfg.budgets.clone());
+            core.pass_through = cfg.pass_through;
+            for (k, v) in &persisted {
+                core.load(k, v.clone())?;
+            }
+            fx = committed;
+            fx.extend(core.resume_effects());
+            core.take_dirty();
+        }
         for e in fx {
             match e {
                 Effect::CallModel {
@@ -299,7 +332,17 @@ pub async fn run_with_core(
                     command,
                     ..
                 } => {
-                    report.commands += 1;
+                    // A restart asks again for commands it already started:
+                    // the machine keeps running the one it has.
+                    let done_at = match machine_cmds.get(&cmd) {
+                        Some(t) => (*t).max(world.now),
+                        None => {
+                            report.commands += 1;
+                            let t = world.now + cfg.command_ms;
+                            machine_cmds.insert(cmd.clone(), t);
+                            t
+                        }
+                    };
                     let stdout = match command.strip_prefix("echo ") {
                         Some(rest) => format!("{rest}\n"),
                         None => format!("(simulated output of `{command}` on {machine})\n"),
@@ -307,7 +350,7 @@ pub async fn run_with_core(
                     push(
                         &mut heap,
                         &mut pending,
-                        world.now + cfg.command_ms,
+                        done_at,
                         Event::CommandDone {
                             worker,
                             cmd,
