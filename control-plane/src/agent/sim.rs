@@ -281,7 +281,7 @@ pub async fn run_with_core(
                 persisted.insert(k, v);
             }
         }
-        if cfg.crash_every > 0 && steps % cfg.crash_every == 0 {
+        if cfg.crash_every > 0 && steps.is_multiple_of(cfg.crash_every) {
             // Replies were committed with the step; the rest is lost.
             let committed: Vec<Effect> = fx
                 .into_iter()
