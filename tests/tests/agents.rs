@@ -295,6 +295,17 @@ fn approval_from_the_cli_after_a_restart_during_the_pause() {
     let open = server.json(&["approvals", "ls"]);
     let apr = open[0]["id"].as_str().unwrap().to_string();
 
+    // The paused interpreter is a snapshot in the store, linked both ways.
+    let worker = open[0]["worker"].as_str().unwrap().to_string();
+    let w = server.json(&["workers", "show", &worker]);
+    let snp = w["js"]["snapshot"]
+        .as_str()
+        .expect("paused on a snapshot")
+        .to_string();
+    let shown = server.json(&["show", &snp]);
+    assert_eq!(shown["paused_program_of"], worker.as_str(), "{shown}");
+    assert!(shown["bytes"].as_u64() > Some(1000));
+
     server.restart();
     server.wait_online("lap", true, T);
     let open = server.json(&["approvals", "ls"]);

@@ -90,6 +90,8 @@ pub const MAX_TOOL_CALLS_PER_REPLY: usize = 32;
 pub const MAX_LIVE_WORKERS: usize = 512;
 /// Commands one worker may have running at once.
 pub const MAX_RUNNING_COMMANDS: usize = 16;
+/// Characters of one reply; a longer one is cut with a pointer.
+pub const MAX_REPLY_CHARS: usize = 16 * 1024;
 /// Router model failures in a row before people waiting are told.
 pub const ROUTER_FAILURES_BEFORE_NOTICE: u32 = 3;
 /// Model failures in a row before a worker gives up.
@@ -1098,6 +1100,8 @@ impl Core {
             self.router.threads.get(thread).cloned().ok_or_else(|| {
                 format!("no thread {thread} seen; reply on a thread from an event")
             })?;
+        let text = spill(text, MAX_REPLY_CHARS, thread);
+        let text = text.as_str();
         let text = if CHAT_SOURCES.contains(&source.as_str()) {
             prompt::limit_words(
                 text,

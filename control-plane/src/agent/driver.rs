@@ -197,7 +197,22 @@ pub fn lookup(store: &Store, id: &str) -> Option<String> {
         }
         Kind::Snapshot => {
             let b = store.get_snapshot(id).ok()??;
-            Some(format!("snapshot {id}: {} bytes", b.len()))
+            // The program it belongs to, if it is still paused on it.
+            let owner = store
+                .agent_records()
+                .ok()?
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(Kind::Worker.prefix()))
+                .find(|(_, v)| {
+                    serde_json::from_slice::<Value>(v)
+                        .is_ok_and(|w| w["js"]["snapshot"].as_str() == Some(id))
+                })
+                .map(|(k, _)| k);
+            Some(
+                json!({"id": id, "bytes": b.len(), "paused_program_of": owner,
+                       "what": "a paused interpreter's memory (signed, compressed)"})
+                .to_string(),
+            )
         }
         Kind::Worker | Kind::Approval => {
             let b = store.agent_record(id).ok()??;
