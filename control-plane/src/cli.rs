@@ -627,12 +627,32 @@ pub fn init_logging(filter: &str) {
         .try_init();
 }
 
+/// `byom … | head` closes stdout early; like other command-line tools,
+/// stop quietly (exit 141, as for SIGPIPE) instead of reporting a panic.
+/// SIGPIPE itself stays ignored so socket errors remain errors.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 pub fn main(cli: Cli) -> anyhow::Result<i32> {
     let log = match &cli.cmd {
         Cmd::Server(_) if cli.global.log == "warn" => "info".to_string(),
         _ => cli.global.log.clone(),
     };
     init_logging(&log);
+    quiet_on_closed_stdout();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
