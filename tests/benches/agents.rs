@@ -53,10 +53,20 @@ async fn main() -> anyhow::Result<()> {
     };
 
     // 1. Router throughput. Events one simulated second apart: one turn each;
-    //    events all at once: one batched turn per model round trip.
-    for (label, gap) in [("one event per turn", 1000u64), ("batched (all at t=0)", 0)] {
+    //    events all at once: one batched turn per model round trip. "with
+    //    records" also serializes every changed record after each step, as
+    //    the server does before writing it to the store.
+    for (label, gap, persist) in [
+        ("one event per turn", 1000u64, false),
+        ("one event per turn, with records", 1000, true),
+        ("batched (all at t=0)", 0, false),
+    ] {
         let n = 5000;
-        let r = sim::run(chatter(n, gap), &zero).await?;
+        let cfg = SimConfig {
+            persist,
+            ..zero.clone()
+        };
+        let r = sim::run(chatter(n, gap), &cfg).await?;
         let secs = r.wall_ms / 1000.0;
         println!(
             "router, {label}: {n} triggers → {} turns, {} model calls, {} decisions in {:.0} ms: {:.0} turns/s, {:.0} decisions/s; model's own time {:.0} ms ({:.2}x of the total)",

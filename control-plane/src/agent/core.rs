@@ -51,6 +51,9 @@ pub struct Budgets {
     pub max_output_tokens: u32,
     /// Events one Router turn takes at most (the rest wait for the next).
     pub max_batch: usize,
+    /// An idle worker (task done, listening on its threads) retires after
+    /// this long without activity; its threads go back to the Router.
+    pub idle_retire_ms: u64,
 }
 
 impl Default for Budgets {
@@ -70,6 +73,7 @@ impl Default for Budgets {
             max_depth: 2,
             max_output_tokens: 2048,
             max_batch: 100,
+            idle_retire_ms: 24 * 3600 * 1000,
         }
     }
 }
@@ -86,8 +90,8 @@ pub const MAX_ROUTER_QUEUE: usize = 100_000;
 pub const MAX_OBSERVED: usize = 50;
 /// Tool calls acted on from one model reply; more are answered with an error.
 pub const MAX_TOOL_CALLS_PER_REPLY: usize = 32;
-/// Workers (subagents included) not yet ended, across all tasks.
-pub const MAX_LIVE_WORKERS: usize = 512;
+/// Workers (subagents included) running or waiting, across all tasks.
+pub const MAX_ACTIVE_WORKERS: usize = 512;
 /// Commands one worker may have running at once.
 pub const MAX_RUNNING_COMMANDS: usize = 16;
 /// Characters of one reply; a longer one is cut with a pointer.
@@ -1039,15 +1043,17 @@ impl Core {
         }
     }
 
+    /// Idle workers (done, listening) do not count: they cost no model
+    /// calls and retire on their own.
     fn room_for_worker(&self) -> Result<(), String> {
-        let live = self
+        let active = self
             .workers
             .values()
-            .filter(|w| !w.status.is_closed())
+            .filter(|w| matches!(w.status, WorkerStatus::Running | WorkerStatus::Waiting))
             .count();
-        if live >= MAX_LIVE_WORKERS {
+        if active >= MAX_ACTIVE_WORKERS {
             return Err(format!(
-                "{live} workers are live (limit {MAX_LIVE_WORKERS}); cancel some first"
+                "{active} workers are busy (limit {MAX_ACTIVE_WORKERS}); wait or cancel some"
             ));
         }
         Ok(())
@@ -2169,6 +2175,30 @@ impl Core {
             }
         }
         // The Router's retry is started by `pump` once `retry_at` passes.
+        let retire = self.budgets.idle_retire_ms;
+        let idle: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| {
+                w.status == WorkerStatus::Idle && now.saturating_sub(w.updated_ms) >= retire
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in idle {
+            self.quiet_cancel = true;
+            self.finish_worker(world, &id, WorkerStatus::Done, "", fx);
+            self.quiet_cancel = false;
+        }
+    }
+
+    /// Drops ended workers and answered approvals from memory; their
+    /// records stay in the store (call after they were written).
+    pub fn evict_closed(&mut self) {
+        let dirty = &self.dirty;
+        self.workers
+            .retain(|k, w| !w.status.is_closed() || dirty.contains(k));
+        self.approvals
+            .retain(|k, a| a.state == "open" || dirty.contains(k));
     }
 
     /// Whether nothing is in flight or waiting anywhere (simulation end).
@@ -2682,6 +2712,34 @@ mod tests {
         );
         assert!(results[1].ends_with("END"), "the last page has the end");
         assert!(results[2].contains("no object cmd_nope"));
+    }
+
+    #[test]
+    fn idle_workers_retire_and_ended_ones_leave_memory() {
+        let mut core = Core::new(Budgets {
+            idle_retire_ms: 1000,
+            ..Budgets::default()
+        });
+        let mut w = W { now: 0, seq: 0 };
+        let id = with_worker(&mut core, &mut w);
+        worker_step(&mut core, &mut w, &id, vec![]);
+        assert_eq!(core.workers[&id].status, WorkerStatus::Idle);
+        w.now = 500;
+        core.handle(&mut w, Event::Tick);
+        assert_eq!(core.workers[&id].status, WorkerStatus::Idle);
+        w.now = 5000;
+        core.handle(&mut w, Event::Tick);
+        assert_eq!(core.workers[&id].status, WorkerStatus::Done);
+        assert!(
+            !core.router.subs.contains_key("thr_1"),
+            "its thread goes back"
+        );
+        // Written first (dirty), then evicted.
+        core.evict_closed();
+        assert!(core.workers.contains_key(&id));
+        core.take_dirty();
+        core.evict_closed();
+        assert!(!core.workers.contains_key(&id));
     }
 
     #[test]

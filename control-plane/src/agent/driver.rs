@@ -278,6 +278,7 @@ impl Driver {
             Err(e) => tracing::error!("cannot read agent records: {e}"),
         }
         self.core = core;
+        self.core.evict_closed();
         let fx = self.core.resume_effects();
         let n = fx.len();
         self.core.take_dirty();
@@ -363,6 +364,9 @@ impl Driver {
                 .touch_thread(&t.thread_id, t.created_at_ms);
             let _ = self.shared.triggers_tx.send(t);
         }
+        // Ended workers live on in the store only: memory stays bounded by
+        // the live ones.
+        self.core.evict_closed();
         self.run_effects(fx);
         true
     }

@@ -36,6 +36,9 @@ pub struct SimConfig {
     /// command ends, program steps in flight) is lost, and
     /// `resume_effects` must bring it all back.
     pub crash_every: u64,
+    /// Serialize every changed record after each step, as the driver does
+    /// before writing it (implied by `crash_every`).
+    pub persist: bool,
 }
 
 impl Default for SimConfig {
@@ -51,6 +54,7 @@ impl Default for SimConfig {
             budgets: Budgets::default(),
             machines: vec!["lap".into(), "ci".into()],
             crash_every: 0,
+            persist: false,
         }
     }
 }
@@ -276,9 +280,12 @@ pub async fn run_with_core(
             }
         }
         let mut fx = core.handle(&mut world, ev);
-        for k in core.take_dirty() {
-            if let Some(v) = core.record(&k) {
-                persisted.insert(k, v);
+        let dirty = core.take_dirty();
+        if cfg.persist || cfg.crash_every > 0 {
+            for k in dirty {
+                if let Some(v) = core.record(&k) {
+                    persisted.insert(k, v);
+                }
             }
         }
         if cfg.crash_every > 0 && steps.is_multiple_of(cfg.crash_every) {
