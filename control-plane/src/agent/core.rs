@@ -489,6 +489,20 @@ impl Core {
             .and_then(|a| serde_json::to_value(a).ok())
     }
 
+    /// One record as JSON bytes, straight from the state (no intermediate
+    /// tree): what the driver writes after every step.
+    pub fn record_bytes(&self, key: &str) -> Option<Vec<u8>> {
+        if key == ROUTER {
+            return serde_json::to_vec(&self.router).ok();
+        }
+        if let Some(w) = self.workers.get(key) {
+            return serde_json::to_vec(w).ok();
+        }
+        self.approvals
+            .get(key)
+            .and_then(|a| serde_json::to_vec(a).ok())
+    }
+
     /// Loads a record written by [`Core::record`].
     pub fn load(&mut self, key: &str, v: Value) -> Result<(), serde_json::Error> {
         if key == ROUTER {

@@ -326,12 +326,8 @@ impl Driver {
         let dirty = self.core.take_dirty();
         let mut ops = Vec::new();
         for key in &dirty {
-            if let Some(v) = self.core.record(key) {
-                ops.push(Op::put(
-                    Space::Agents,
-                    format!("r/{key}").into_bytes(),
-                    serde_json::to_vec(&v).unwrap_or_default(),
-                ));
+            if let Some(v) = self.core.record_bytes(key) {
+                ops.push(Op::put(Space::Agents, format!("r/{key}").into_bytes(), v));
             }
         }
         let mut replies = Vec::new();

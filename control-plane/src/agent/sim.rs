@@ -258,7 +258,7 @@ pub async fn run_with_core(
     }
     let mut snapshots: HashMap<String, Vec<u8>> = HashMap::new();
     // What the store would hold: every record as last committed.
-    let mut persisted: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    let mut persisted: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     // The simulated machines: command → when it ends (they outlive crashes).
     let mut machine_cmds: HashMap<String, u64> = HashMap::new();
     let limit = 7 * 24 * 3600 * 1000u64;
@@ -283,7 +283,7 @@ pub async fn run_with_core(
         let dirty = core.take_dirty();
         if cfg.persist || cfg.crash_every > 0 {
             for k in dirty {
-                if let Some(v) = core.record(&k) {
+                if let Some(v) = core.record_bytes(&k) {
                     persisted.insert(k, v);
                 }
             }
@@ -299,7 +299,7 @@ pub async fn run_with_core(
             core = Core::new(cfg.budgets.clone());
             core.pass_through = cfg.pass_through;
             for (k, v) in &persisted {
-                core.load(k, v.clone())?;
+                core.load(k, serde_json::from_slice(v)?)?;
             }
             fx = committed;
             fx.extend(core.resume_effects());
