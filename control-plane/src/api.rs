@@ -783,8 +783,9 @@ impl Admin for Api {
         req: Request<pb::AgentRequest>,
     ) -> Result<Response<pb::AgentResponse>, Status> {
         use crate::agent::query::{handle, QueryError};
+        let by = caller(&req);
         let r = req.into_inner();
-        let v = handle(&self.shared, &r.op, &r.id, &r.json)
+        let v = handle(&self.shared, &r.op, &r.id, &r.json, &by)
             .await
             .map_err(|e| match e {
                 QueryError::NotFound(m) => Status::not_found(m),

@@ -74,7 +74,15 @@ pub fn summary(w: &WorkerState) -> Value {
     })
 }
 
-pub async fn handle(shared: &Shared, op: &str, id: &str, body: &str) -> Result<Value, QueryError> {
+/// Serves one request; `by` is the caller (`admin:NAME`), recorded on
+/// cancels and answers.
+pub async fn handle(
+    shared: &Shared,
+    op: &str,
+    id: &str,
+    body: &str,
+    by: &str,
+) -> Result<Value, QueryError> {
     let args: Value = if body.trim().is_empty() {
         Value::Null
     } else {
@@ -126,7 +134,7 @@ pub async fn handle(shared: &Shared, op: &str, id: &str, body: &str) -> Result<V
                 shared,
                 &Event::Cancel {
                     worker: id.to_string(),
-                    by: "admin".into(),
+                    by: by.to_string(),
                 },
             )
             .await?;
@@ -163,7 +171,7 @@ pub async fn handle(shared: &Shared, op: &str, id: &str, body: &str) -> Result<V
                     approval: id.to_string(),
                     approved,
                     answer,
-                    by: "admin (CLI)".into(),
+                    by: by.to_string(),
                 },
             )
             .await?;
