@@ -571,7 +571,7 @@ impl Core {
     pub fn handle(&mut self, world: &mut dyn World, ev: Event) -> Vec<Effect> {
         let mut fx = Vec::new();
         match ev {
-            Event::Trigger(t) => self.on_trigger(world, t, &mut fx),
+            Event::Trigger(t) => self.on_trigger(world, t),
             Event::ModelDone {
                 session,
                 turn,
@@ -614,8 +614,7 @@ impl Core {
 
     // ── triggers and pass-through ──
 
-    fn on_trigger(&mut self, world: &mut dyn World, t: TriggerInfo, fx: &mut Vec<Effect>) {
-        let _ = fx;
+    fn on_trigger(&mut self, world: &mut dyn World, t: TriggerInfo) {
         self.router.stats.events += 1;
         self.router
             .threads
@@ -1619,23 +1618,22 @@ impl Core {
         };
         w.last_report = text.to_string();
         self.dirty.insert(id.to_string());
-        match w.parent.clone() {
+        match w.parent.is_some() {
             // A subagent's report is its answer to the program that spawned it.
-            Some(parent) if status != "progress" => {
+            true if status != "progress" => {
                 let st = if status == "failed" {
                     WorkerStatus::Failed
                 } else {
                     WorkerStatus::Done
                 };
                 self.finish_worker(world, id, st, text, fx);
-                let _ = parent;
             }
-            Some(_) => {}
+            true => {}
             // finish_worker tells the Router about a failure.
-            None if status == "failed" => {
+            false if status == "failed" => {
                 self.finish_worker(world, id, WorkerStatus::Failed, text, fx);
             }
-            None => {
+            false => {
                 let threads = w.threads.clone();
                 push_bounded(
                     &mut self.router,
