@@ -651,13 +651,21 @@ async fn agent_story(
     );
 
     println!("\n13. `byom approvals approve {apr}`: the program is restored and continues");
-    agent(
-        &mut c,
-        "answer",
-        &apr,
-        serde_json::json!({"approved": true}),
-    )
-    .await?;
+    // Through the real CLI, as a person would.
+    let out = Command::new(me)
+        .args(["approvals", "approve", &apr])
+        .env("BYOM_CREDS", data.join("admin"))
+        .env_remove("BYOM_API")
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run byom approvals approve")?;
+    if !out.status.success() {
+        bail!(
+            "byom approvals approve failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    print!("   {}", String::from_utf8_lossy(&out.stdout));
     tl.replies(&mut c, 5).await?;
 
     let tasks = agent(&mut c, "tasks", "", Value::Null).await?;
