@@ -761,3 +761,18 @@ fn label_selectors_and_configured_budgets() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("agents.toml"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_program_sent_as_a_follow_up_arrives_intact() {
+    let (_dir, server, _d) = setup(&[]);
+    say(&server, "j1", "please run `echo start` on lap");
+    wait_replies(&server, "j1", 2);
+    say(
+        &server,
+        "j1",
+        "now this:\n```js\nconst xs = [1, 2, 3, 4].filter(x => x < 3 && x > 0);\n({n: xs.length, html: '<b>ok</b>'});\n```",
+    );
+    let r = wait_replies(&server, "j1", 3);
+    assert!(r[2].contains("\"n\":2"), "{r:?}");
+    assert!(r[2].contains("<b>ok</b>"), "{r:?}");
+}
