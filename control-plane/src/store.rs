@@ -877,6 +877,22 @@ impl Store {
         self.kv.get(Space::Snapshots, id.as_bytes())
     }
 
+    /// IDs of every stored snapshot (reads them all: for start-up only).
+    pub fn snapshot_ids(&self) -> Result<Vec<String>> {
+        Ok(self
+            .kv
+            .range(
+                Space::Snapshots,
+                Bound::Unbounded,
+                Bound::Unbounded,
+                false,
+                usize::MAX,
+            )?
+            .into_iter()
+            .map(|(k, _)| String::from_utf8_lossy(&k).into_owned())
+            .collect())
+    }
+
     pub fn delete_snapshot(&self, id: &str) -> Result<()> {
         self.kv.delete(Space::Snapshots, id.as_bytes())
     }

@@ -242,6 +242,8 @@ pub async fn run(shared: Arc<Shared>, cfg: Arc<AgentConfig>, mut rx: mpsc::Recei
         models: Arc::new(Semaphore::new(MAX_CONCURRENT_MODEL_CALLS)),
         js: Arc::new(Semaphore::new(MAX_CONCURRENT_JS)),
     };
+    // Before anything restarts, so no program step is storing one.
+    d.collect_snapshots();
     d.reload();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -286,6 +288,33 @@ impl Driver {
             tracing::info!("agents resumed: {n} operations in flight restarted");
         }
         self.run_effects(fx);
+    }
+
+    /// At start-up (no program step can be running yet), snapshots no
+    /// worker is paused on are left over from a crash between storing a
+    /// snapshot and committing the step that refers to it: drop them.
+    fn collect_snapshots(&self) {
+        let Ok(ids) = self.shared.store.snapshot_ids() else {
+            return;
+        };
+        let Ok(records) = self.shared.store.agent_records() else {
+            return;
+        };
+        let used: std::collections::HashSet<String> = records
+            .iter()
+            .filter(|(k, _)| k.starts_with(Kind::Worker.prefix()))
+            .filter_map(|(_, v)| serde_json::from_slice::<Value>(v).ok())
+            .filter_map(|w| w["js"]["snapshot"].as_str().map(str::to_string))
+            .collect();
+        let mut dropped = 0;
+        for id in ids.into_iter().filter(|id| !used.contains(id)) {
+            if self.shared.store.delete_snapshot(&id).is_ok() {
+                dropped += 1;
+            }
+        }
+        if dropped > 0 {
+            tracing::info!("dropped {dropped} snapshots no program is paused on");
+        }
     }
 
     async fn drain_inbox(&mut self) {
