@@ -869,6 +869,27 @@ impl Store {
         )
     }
 
+    /// A session's stored conversation messages: (number, JSON bytes).
+    pub fn agent_messages(&self, session: &str) -> Result<Vec<(u64, Vec<u8>)>> {
+        let prefix = format!("m/{session}/");
+        let end = prefix_end(prefix.as_bytes()).unwrap_or_default();
+        Ok(self
+            .kv
+            .range(
+                Space::Agents,
+                Bound::Included(prefix.as_bytes()),
+                Bound::Excluded(end.as_slice()),
+                false,
+                usize::MAX,
+            )?
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let n = std::str::from_utf8(&k[prefix.len()..]).ok()?.parse().ok()?;
+                Some((n, v))
+            })
+            .collect())
+    }
+
     pub fn put_snapshot(&self, id: &str, bytes: &[u8]) -> Result<()> {
         self.kv.put(Space::Snapshots, id.as_bytes(), bytes)
     }

@@ -51,14 +51,26 @@ async fn a_day_replays_in_seconds_and_deterministically() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_at_every_step_loses_nothing_and_runs_nothing_twice() {
     let events = sim::day(30, 3);
-    let calm = sim::run(events.clone(), &SimConfig::default())
-        .await
-        .unwrap();
+    // Small context budgets, so conversations are compacted (messages
+    // deleted from the store) while crashing too.
+    let base = SimConfig {
+        budgets: byom_control_plane::agent::Budgets {
+            router_context_tokens: 3000,
+            worker_context_tokens: 1500,
+            ..Default::default()
+        },
+        ..SimConfig::default()
+    };
+    let calm = sim::run(events.clone(), &base).await.unwrap();
     assert!(calm.programs > 0, "the stream includes a program: {calm:?}");
+    assert!(
+        calm.router_dropped_turns > 0,
+        "compaction happened: {calm:?}"
+    );
     for k in [1, 2, 3, 7] {
         let cfg = SimConfig {
             crash_every: k,
-            ..SimConfig::default()
+            ..base.clone()
         };
         let r = sim::run(events.clone(), &cfg).await.unwrap();
         assert!(r.crashes > 10, "k={k}: {r:?}");

@@ -286,9 +286,93 @@ pub struct Stats {
     pub usage: Usage,
 }
 
+/// A session's messages, stored append-only: each message is written once
+/// under its own number (`m/SESSION/NUMBER`); the session's record keeps
+/// only the numbers in order. A step writes its new messages, not the whole
+/// transcript.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Conversation {
+    #[serde(skip)]
+    messages: Vec<Message>,
+    /// Message numbers, in conversation order.
+    seqs: Vec<u64>,
+    next: u64,
+    #[serde(skip)]
+    added: Vec<u64>,
+    #[serde(skip)]
+    removed: Vec<u64>,
+}
+
+impl Conversation {
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+    /// Messages in the conversation (also right for a record loaded
+    /// without its messages).
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+    pub fn last(&self) -> Option<&Message> {
+        self.messages.last()
+    }
+    pub fn push(&mut self, m: Message) {
+        let n = self.next;
+        self.next += 1;
+        self.seqs.push(n);
+        self.messages.push(m);
+        self.added.push(n);
+    }
+    fn insert(&mut self, i: usize, m: Message) {
+        let n = self.next;
+        self.next += 1;
+        self.seqs.insert(i, n);
+        self.messages.insert(i, m);
+        self.added.push(n);
+    }
+    pub fn pop(&mut self) -> Option<Message> {
+        let n = self.seqs.pop()?;
+        self.removed.push(n);
+        self.messages.pop()
+    }
+    fn drain(&mut self, range: std::ops::Range<usize>) {
+        self.removed.extend(self.seqs.drain(range.clone()));
+        self.messages.drain(range);
+    }
+    /// Writes since the last call: new messages, deleted ones.
+    fn take_writes(&mut self, session: &str, out: &mut Vec<(String, Option<Vec<u8>>)>) {
+        for n in std::mem::take(&mut self.added) {
+            if let Some(i) = self.seqs.iter().position(|x| *x == n) {
+                if let Ok(b) = serde_json::to_vec(&self.messages[i]) {
+                    out.push((message_key(session, n), Some(b)));
+                }
+            }
+        }
+        for n in std::mem::take(&mut self.removed) {
+            out.push((message_key(session, n), None));
+        }
+    }
+    /// Rebuilds the messages from their stored numbers (after a load).
+    fn restore(&mut self, stored: &BTreeMap<u64, Message>) {
+        self.seqs.retain(|n| stored.contains_key(n));
+        self.messages = self
+            .seqs
+            .iter()
+            .filter_map(|n| stored.get(n).cloned())
+            .collect();
+    }
+}
+
+/// Key (in the agents keyspace) of message `n` of `session`.
+pub fn message_key(session: &str, n: u64) -> String {
+    format!("m/{session}/{n:012}")
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RouterState {
-    pub conversation: Vec<Message>,
+    pub conversation: Conversation,
     pub queue: VecDeque<RouterItem>,
     /// Turn number of the model call in flight.
     pub in_flight: Option<u64>,
@@ -409,7 +493,7 @@ pub struct WorkerState {
     pub machine: String,
     pub labels: BTreeMap<String, String>,
     pub status: WorkerStatus,
-    pub conversation: Vec<Message>,
+    pub conversation: Conversation,
     /// Event lines that arrived since the last model call.
     pub inbox: Vec<String>,
     pub in_flight: Option<u64>,
@@ -501,6 +585,72 @@ impl Core {
         self.approvals
             .get(key)
             .and_then(|a| serde_json::to_vec(a).ok())
+    }
+
+    /// Everything to write after a step: changed records (`r/KEY`) and
+    /// conversation messages (`m/SESSION/N`); `None` deletes.
+    pub fn take_writes(&mut self) -> Vec<(String, Option<Vec<u8>>)> {
+        let mut out = Vec::new();
+        self.router.conversation.take_writes(ROUTER, &mut out);
+        for (k, w) in self.workers.iter_mut() {
+            w.conversation.take_writes(k, &mut out);
+        }
+        for key in self.take_dirty() {
+            if let Some(b) = self.record_bytes(&key) {
+                out.push((format!("r/{key}"), Some(b)));
+            }
+        }
+        out
+    }
+
+    /// Rebuilds the state from what [`Core::take_writes`] wrote: the `r/`
+    /// records (keys without the prefix) and, per session, its stored
+    /// messages. With `evict`, ended workers are not kept in memory (and
+    /// their messages not read). Returns the core and what was unreadable.
+    pub fn rebuild(
+        budgets: Budgets,
+        records: Vec<(String, Vec<u8>)>,
+        mut messages: impl FnMut(&str) -> Vec<(u64, Vec<u8>)>,
+        evict: bool,
+    ) -> (Core, Vec<String>) {
+        let mut core = Core::new(budgets);
+        let mut errors = Vec::new();
+        for (k, v) in records {
+            let r = serde_json::from_slice::<Value>(&v).and_then(|v| core.load(&k, v));
+            if let Err(e) = r {
+                errors.push(format!("record {k}: {e}"));
+            }
+        }
+        if evict {
+            core.evict_closed();
+        }
+        let mut restore = |session: &str, conv: &mut Conversation, errors: &mut Vec<String>| {
+            let mut stored = BTreeMap::new();
+            for (n, b) in messages(session) {
+                match serde_json::from_slice::<Message>(&b) {
+                    Ok(m) => {
+                        stored.insert(n, m);
+                    }
+                    Err(e) => errors.push(format!("message {n} of {session}: {e}")),
+                }
+            }
+            let want = conv.len();
+            conv.restore(&stored);
+            if conv.len() != want {
+                errors.push(format!(
+                    "{session}: {} of {want} messages missing",
+                    want - conv.len()
+                ));
+            }
+        };
+        let mut router_conv = std::mem::take(&mut core.router.conversation);
+        restore(ROUTER, &mut router_conv, &mut errors);
+        core.router.conversation = router_conv;
+        for (k, w) in core.workers.iter_mut() {
+            restore(k, &mut w.conversation, &mut errors);
+        }
+        core.take_dirty();
+        (core, errors)
     }
 
     /// Loads a record written by [`Core::record`].
@@ -841,7 +991,7 @@ impl Core {
             turn,
             request: Request {
                 system: prompt::ROUTER_SYSTEM.into(),
-                messages: self.router.conversation.clone(),
+                messages: self.router.conversation.messages().to_vec(),
                 tools: prompt::router_tools(),
                 max_tokens: self.budgets.max_output_tokens,
             },
@@ -1200,7 +1350,7 @@ impl Core {
             machine,
             labels,
             status: WorkerStatus::Running,
-            conversation: Vec::new(),
+            conversation: Conversation::default(),
             inbox: vec![head],
             in_flight: None,
             turn: 0,
@@ -1229,7 +1379,7 @@ impl Core {
             turn,
             request: Request {
                 system: prompt::WORKER_SYSTEM.into(),
-                messages: w.conversation.clone(),
+                messages: w.conversation.messages().to_vec(),
                 tools: prompt::worker_tools(),
                 max_tokens: self.budgets.max_output_tokens,
             },
@@ -2260,7 +2410,7 @@ fn backoff(failures: u32) -> Ms {
 /// Drops the oldest whole turns (from a user message to the next) until the
 /// conversation fits `budget` tokens, leaving a note; returns how many.
 /// Dropping breaks the provider's prefix cache once; appending keeps it.
-fn compact(conv: &mut Vec<Message>, budget: usize) -> Option<u64> {
+fn compact(conv: &mut Conversation, budget: usize) -> Option<u64> {
     let size = |c: &[Message]| -> usize {
         c.iter()
             .map(|m| {
@@ -2273,14 +2423,15 @@ fn compact(conv: &mut Vec<Message>, budget: usize) -> Option<u64> {
             })
             .sum()
     };
-    if size(conv) <= budget {
+    if size(conv.messages()) <= budget {
         return None;
     }
     // Keep the first message (the task) and drop from the second on.
     let mut dropped = 0u64;
-    while size(conv) > budget / 2 && conv.len() > 2 {
+    while size(conv.messages()) > budget / 2 && conv.len() > 2 {
         // Next user message after index 1 that starts a turn.
         let Some(next) = conv
+            .messages()
             .iter()
             .enumerate()
             .skip(2)
@@ -2434,6 +2585,7 @@ mod tests {
         let results: Vec<&Message> = core
             .router
             .conversation
+            .messages()
             .iter()
             .filter(|m| m.role == Role::Tool)
             .collect();
@@ -2538,14 +2690,43 @@ mod tests {
             }
         }
         let cmd = started.expect("a command started");
-        // Persist every record, load into a fresh core.
-        let mut fresh = Core::new(Budgets::default());
-        let keys: Vec<String> = std::iter::once(ROUTER.to_string())
-            .chain(core.workers.keys().cloned())
-            .collect();
-        for k in keys {
-            fresh.load(&k, core.record(&k).unwrap()).unwrap();
+        // Write what the driver writes, rebuild a fresh core from it.
+        let mut stored: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        for (k, v) in core.take_writes() {
+            match v {
+                Some(v) => stored.insert(k, v),
+                None => stored.remove(&k),
+            };
         }
+        let records = stored
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("r/")?.to_string(), v.clone())))
+            .collect();
+        let (mut fresh, errors) = Core::rebuild(
+            Budgets::default(),
+            records,
+            |s| {
+                let p = format!("m/{s}/");
+                stored
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&p))
+                    .map(|(k, v)| (k[p.len()..].parse().unwrap(), v.clone()))
+                    .collect()
+            },
+            true,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        for (id, w) in &core.workers {
+            assert_eq!(
+                fresh.workers[id].conversation.messages(),
+                w.conversation.messages(),
+                "the transcript comes back whole"
+            );
+        }
+        assert_eq!(
+            fresh.router.conversation.messages(),
+            core.router.conversation.messages()
+        );
         let again = fresh.resume_effects();
         let restarts: Vec<&String> = again
             .iter()
@@ -2713,6 +2894,7 @@ mod tests {
         );
         let results: Vec<String> = core.workers[&id]
             .conversation
+            .messages()
             .iter()
             .filter(|m| m.role == Role::Tool)
             .map(|m| m.text.clone())

@@ -264,23 +264,24 @@ pub async fn run(shared: Arc<Shared>, cfg: Arc<AgentConfig>, mut rx: mpsc::Recei
 impl Driver {
     /// Rebuilds the core from the store and restarts what was in flight.
     fn reload(&mut self) {
-        let mut core = Core::new(self.cfg.budgets.clone());
-        match self.shared.store.agent_records() {
-            Ok(records) => {
-                for (k, v) in records {
-                    match serde_json::from_slice::<Value>(&v)
-                        .map_err(|e| e.to_string())
-                        .and_then(|v| core.load(&k, v).map_err(|e| e.to_string()))
-                    {
-                        Ok(()) => {}
-                        Err(e) => tracing::error!("agent record {k} is unreadable, skipped: {e}"),
-                    }
-                }
+        let store = self.shared.store.clone();
+        let records = match store.agent_records() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot read agent records: {e}");
+                Vec::new()
             }
-            Err(e) => tracing::error!("cannot read agent records: {e}"),
+        };
+        let (core, errors) = Core::rebuild(
+            self.cfg.budgets.clone(),
+            records,
+            |session| store.agent_messages(session).unwrap_or_default(),
+            true,
+        );
+        for e in errors {
+            tracing::error!("agent state: {e}; skipped");
         }
         self.core = core;
-        self.core.evict_closed();
         let fx = self.core.resume_effects();
         let n = fx.len();
         self.core.take_dirty();
@@ -352,13 +353,15 @@ impl Driver {
             shared: self.shared.clone(),
         };
         let fx = self.core.handle(&mut world, ev);
-        let dirty = self.core.take_dirty();
-        let mut ops = Vec::new();
-        for key in &dirty {
-            if let Some(v) = self.core.record_bytes(key) {
-                ops.push(Op::put(Space::Agents, format!("r/{key}").into_bytes(), v));
-            }
-        }
+        let mut ops: Vec<Op> = self
+            .core
+            .take_writes()
+            .into_iter()
+            .map(|(k, v)| match v {
+                Some(v) => Op::put(Space::Agents, k.into_bytes(), v),
+                None => Op::delete(Space::Agents, k.into_bytes()),
+            })
+            .collect();
         let mut replies = Vec::new();
         for e in &fx {
             if let Effect::Reply(r) = e {

@@ -113,6 +113,23 @@ pub async fn handle(
                 .map(summary)
                 .collect();
             let mut v = serde_json::to_value(&w).unwrap_or(Value::Null);
+            // The transcript: the stored messages, in the record's order.
+            let stored: std::collections::BTreeMap<u64, Value> = shared
+                .store
+                .agent_messages(id)?
+                .into_iter()
+                .filter_map(|(n, b)| Some((n, serde_json::from_slice(&b).ok()?)))
+                .collect();
+            let order: Vec<u64> = v["conversation"]["seqs"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
+            v["conversation"] = Value::Array(
+                order
+                    .iter()
+                    .filter_map(|n| stored.get(n).cloned())
+                    .collect(),
+            );
             v["summary"] = summary(&w);
             v["children"] = Value::Array(children);
             Ok(v)

@@ -91,6 +91,8 @@ pub struct SimReport {
     pub model_latency_ms: u64,
     pub quiescent: bool,
     pub crashes: u64,
+    /// Router turns dropped to fit the context budget.
+    pub router_dropped_turns: u64,
 }
 
 struct SimWorld {
@@ -258,8 +260,8 @@ pub async fn run_with_core(
     }
     let mut snapshots: HashMap<String, Vec<u8>> = HashMap::new();
     // What the store would hold: every record as last committed.
-    let mut persisted: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    // The simulated machines: command → when it ends (they outlive crashes).
+    let mut persisted: BTreeMap<String, Vec<u8>> = BTreeMap::new(); // key → bytes
+                                                                    // The simulated machines: command → when it ends (they outlive crashes).
     let mut machine_cmds: HashMap<String, u64> = HashMap::new();
     let limit = 7 * 24 * 3600 * 1000u64;
     let mut steps = 0u64;
@@ -280,11 +282,17 @@ pub async fn run_with_core(
             }
         }
         let mut fx = core.handle(&mut world, ev);
-        let dirty = core.take_dirty();
-        if cfg.persist || cfg.crash_every > 0 {
-            for k in dirty {
-                if let Some(v) = core.record_bytes(&k) {
+        // What the driver writes after the step.
+        for (k, v) in core.take_writes() {
+            if !(cfg.persist || cfg.crash_every > 0) {
+                continue;
+            }
+            match v {
+                Some(v) => {
                     persisted.insert(k, v);
+                }
+                None => {
+                    persisted.remove(&k);
                 }
             }
         }
@@ -296,11 +304,26 @@ pub async fn run_with_core(
                 .collect();
             report.crashes += 1;
             pending.retain(|_, e| matches!(e, Event::Trigger(_)));
-            core = Core::new(cfg.budgets.clone());
+            let records: Vec<(String, Vec<u8>)> = persisted
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix("r/")?.to_string(), v.clone())))
+                .collect();
+            let (fresh, errors) = Core::rebuild(
+                cfg.budgets.clone(),
+                records,
+                |session| {
+                    let prefix = format!("m/{session}/");
+                    persisted
+                        .range(prefix.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&prefix))
+                        .filter_map(|(k, v)| Some((k[prefix.len()..].parse().ok()?, v.clone())))
+                        .collect()
+                },
+                false,
+            );
+            anyhow::ensure!(errors.is_empty(), "state did not reload: {errors:?}");
+            core = fresh;
             core.pass_through = cfg.pass_through;
-            for (k, v) in &persisted {
-                core.load(k, serde_json::from_slice(v)?)?;
-            }
             fx = committed;
             fx.extend(core.resume_effects());
             core.take_dirty();
@@ -504,6 +527,7 @@ pub async fn run_with_core(
     report.router_decisions = s.decisions;
     report.passed_through = s.passed_through;
     report.router_usage = s.usage;
+    report.router_dropped_turns = core.router.dropped_turns;
     for w in core.workers.values() {
         if w.parent.is_some() {
             report.subagents += 1;
