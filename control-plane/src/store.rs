@@ -871,7 +871,16 @@ impl Store {
 
     /// A session's stored conversation messages: (number, JSON bytes).
     pub fn agent_messages(&self, session: &str) -> Result<Vec<(u64, Vec<u8>)>> {
-        let prefix = format!("m/{session}/");
+        self.agent_numbered(&format!("m/{session}/"))
+    }
+
+    /// The Router's stored queue items: (number, JSON bytes), in order.
+    pub fn agent_queue(&self) -> Result<Vec<(u64, Vec<u8>)>> {
+        self.agent_numbered("q/router/")
+    }
+
+    /// Entries `PREFIX<number>` of the agents keyspace, in key order.
+    fn agent_numbered(&self, prefix: &str) -> Result<Vec<(u64, Vec<u8>)>> {
         let end = prefix_end(prefix.as_bytes()).unwrap_or_default();
         Ok(self
             .kv

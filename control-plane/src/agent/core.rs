@@ -116,6 +116,8 @@ pub trait World {
     /// The full text of a stored object (trigger, thread, command with its
     /// output, snapshot), for recall/read.
     fn lookup(&self, id: &str) -> Option<String>;
+    /// The channel a thread is on (`chat`, `github`, …), if it exists.
+    fn thread_source(&self, thread: &str) -> Option<String>;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -370,10 +372,105 @@ pub fn message_key(session: &str, n: u64) -> String {
     format!("m/{session}/{n:012}")
 }
 
+/// The Router's queue, stored one item per key (`q/router/N`) so a new
+/// item writes itself, not the queue: during a model outage thousands may
+/// wait. Numbers grow at the back and shrink at the front, so key order is
+/// queue order and the record keeps only the two ends.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RouterQueue {
+    #[serde(skip)]
+    items: VecDeque<(u64, RouterItem)>,
+    front: u64,
+    back: u64,
+    len: usize,
+    #[serde(skip)]
+    added: Vec<u64>,
+    #[serde(skip)]
+    removed: Vec<u64>,
+}
+
+impl Default for RouterQueue {
+    fn default() -> Self {
+        // Room to grow both ways.
+        RouterQueue {
+            items: VecDeque::new(),
+            front: (1 << 62) - 1,
+            back: 1 << 62,
+            len: 0,
+            added: Vec::new(),
+            removed: Vec::new(),
+        }
+    }
+}
+
+impl RouterQueue {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn iter(&self) -> impl Iterator<Item = &RouterItem> {
+        self.items.iter().map(|(_, it)| it)
+    }
+    fn push_back(&mut self, it: RouterItem) {
+        let n = self.back;
+        self.back += 1;
+        self.items.push_back((n, it));
+        self.added.push(n);
+        self.len = self.items.len();
+    }
+    fn push_front(&mut self, it: RouterItem) {
+        let n = self.front;
+        self.front -= 1;
+        self.items.push_front((n, it));
+        self.added.push(n);
+        self.len = self.items.len();
+    }
+    fn pop_front(&mut self) -> Option<RouterItem> {
+        let (n, it) = self.items.pop_front()?;
+        self.removed.push(n);
+        self.len = self.items.len();
+        Some(it)
+    }
+    fn take_front(&mut self, n: usize) -> Vec<RouterItem> {
+        let n = n.min(self.items.len());
+        let out = (0..n).filter_map(|_| self.pop_front()).collect();
+        self.len = self.items.len();
+        out
+    }
+    fn take_writes(&mut self, out: &mut Vec<(String, Option<Vec<u8>>)>) {
+        let added = std::mem::take(&mut self.added);
+        let removed = std::mem::take(&mut self.removed);
+        for n in added {
+            if removed.contains(&n) {
+                continue;
+            }
+            if let Some((_, it)) = self.items.iter().find(|(x, _)| *x == n) {
+                if let Ok(b) = serde_json::to_vec(it) {
+                    out.push((queue_key(n), Some(b)));
+                }
+            }
+        }
+        for n in removed {
+            out.push((queue_key(n), None));
+        }
+    }
+    fn restore(&mut self, stored: Vec<(u64, RouterItem)>) {
+        self.items = stored.into_iter().collect();
+        self.len = self.items.len();
+    }
+}
+
+/// Key (in the agents keyspace) of item `n` of the Router's queue.
+pub fn queue_key(n: u64) -> String {
+    format!("q/router/{n:020}")
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RouterState {
     pub conversation: Conversation,
-    pub queue: VecDeque<RouterItem>,
+    pub queue: RouterQueue,
     /// Turn number of the model call in flight.
     pub in_flight: Option<u64>,
     pub turn: u64,
@@ -385,8 +482,6 @@ pub struct RouterState {
     pub turn_items: Vec<RouterItem>,
     /// thread → subscribed workers.
     pub subs: BTreeMap<String, BTreeSet<String>>,
-    /// thread → source.
-    pub threads: BTreeMap<String, String>,
     /// Triggers workers handled, for the Router's global picture.
     pub observed: VecDeque<String>,
     pub policies_shown: Vec<String>,
@@ -592,6 +687,7 @@ impl Core {
     pub fn take_writes(&mut self) -> Vec<(String, Option<Vec<u8>>)> {
         let mut out = Vec::new();
         self.router.conversation.take_writes(ROUTER, &mut out);
+        self.router.queue.take_writes(&mut out);
         for (k, w) in self.workers.iter_mut() {
             w.conversation.take_writes(k, &mut out);
         }
@@ -611,6 +707,7 @@ impl Core {
         budgets: Budgets,
         records: Vec<(String, Vec<u8>)>,
         mut messages: impl FnMut(&str) -> Vec<(u64, Vec<u8>)>,
+        queue: Vec<(u64, Vec<u8>)>,
         evict: bool,
     ) -> (Core, Vec<String>) {
         let mut core = Core::new(budgets);
@@ -643,6 +740,15 @@ impl Core {
                 ));
             }
         };
+        let mut items = Vec::new();
+        for (n, b) in queue {
+            match serde_json::from_slice::<RouterItem>(&b) {
+                Ok(it) => items.push((n, it)),
+                Err(e) => errors.push(format!("queue item {n}: {e}")),
+            }
+        }
+        items.sort_by_key(|(n, _)| *n);
+        core.router.queue.restore(items);
         let mut router_conv = std::mem::take(&mut core.router.conversation);
         restore(ROUTER, &mut router_conv, &mut errors);
         core.router.conversation = router_conv;
@@ -766,10 +872,6 @@ impl Core {
 
     fn on_trigger(&mut self, world: &mut dyn World, t: TriggerInfo) {
         self.router.stats.events += 1;
-        self.router
-            .threads
-            .entry(t.thread.clone())
-            .or_insert_with(|| t.source.clone());
         self.dirty.insert(ROUTER.into());
         let open_approval = self
             .approvals
@@ -864,7 +966,7 @@ impl Core {
 
     fn start_router_turn(&mut self, world: &mut dyn World, fx: &mut Vec<Effect>) {
         let n = self.router.queue.len().min(self.budgets.max_batch.max(1));
-        let items: Vec<RouterItem> = self.router.queue.drain(..n).collect();
+        let items: Vec<RouterItem> = self.router.queue.take_front(n);
         let mut text = String::new();
         let policies = world.policies();
         if policies != self.router.policies_shown {
@@ -1265,10 +1367,9 @@ impl Core {
         text: &str,
         status: &str,
     ) -> Result<Reply, String> {
-        let source =
-            self.router.threads.get(thread).cloned().ok_or_else(|| {
-                format!("no thread {thread} seen; reply on a thread from an event")
-            })?;
+        let source = world
+            .thread_source(thread)
+            .ok_or_else(|| format!("no thread {thread}; reply on a thread from an event"))?;
         let text = spill(text, MAX_REPLY_CHARS, thread);
         let text = text.as_str();
         let text = if CHAT_SOURCES.contains(&source.as_str()) {
@@ -2522,6 +2623,39 @@ mod tests {
         fn lookup(&self, _: &str) -> Option<String> {
             None
         }
+        fn thread_source(&self, _: &str) -> Option<String> {
+            Some("chat".into())
+        }
+    }
+
+    /// What a restart does: write what the driver writes, rebuild from it.
+    fn reload(core: &mut Core) -> Core {
+        let mut stored: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        for (k, v) in core.take_writes() {
+            match v {
+                Some(v) => stored.insert(k, v),
+                None => stored.remove(&k),
+            };
+        }
+        let numbered = |p: &str| -> Vec<(u64, Vec<u8>)> {
+            stored
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix(p)?.parse().ok()?, v.clone())))
+                .collect()
+        };
+        let records = stored
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("r/")?.to_string(), v.clone())))
+            .collect();
+        let (fresh, errors) = Core::rebuild(
+            Budgets::default(),
+            records,
+            |s| numbered(&format!("m/{s}/")),
+            numbered("q/router/"),
+            true,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        fresh
     }
 
     fn trig(id: &str, thread: &str, text: &str) -> Event {
@@ -2648,6 +2782,18 @@ mod tests {
         assert_eq!(notices.len(), 2, "one per waiting thread");
         assert!(notices[0].text.contains("queued"));
         assert_eq!(core.router.queue.len(), 2, "still nothing dropped");
+        // The queue survives a restart, in order.
+        let fresh = reload(&mut core);
+        let ids: Vec<String> = fresh
+            .router
+            .queue
+            .iter()
+            .filter_map(|i| match i {
+                RouterItem::Trigger(t) => Some(t.id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ids, ["trg_1", "trg_2"]);
     }
 
     #[test]
@@ -2691,31 +2837,7 @@ mod tests {
         }
         let cmd = started.expect("a command started");
         // Write what the driver writes, rebuild a fresh core from it.
-        let mut stored: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-        for (k, v) in core.take_writes() {
-            match v {
-                Some(v) => stored.insert(k, v),
-                None => stored.remove(&k),
-            };
-        }
-        let records = stored
-            .iter()
-            .filter_map(|(k, v)| Some((k.strip_prefix("r/")?.to_string(), v.clone())))
-            .collect();
-        let (mut fresh, errors) = Core::rebuild(
-            Budgets::default(),
-            records,
-            |s| {
-                let p = format!("m/{s}/");
-                stored
-                    .iter()
-                    .filter(|(k, _)| k.starts_with(&p))
-                    .map(|(k, v)| (k[p.len()..].parse().unwrap(), v.clone()))
-                    .collect()
-            },
-            true,
-        );
-        assert!(errors.is_empty(), "{errors:?}");
+        let mut fresh = reload(&mut core);
         for (id, w) in &core.workers {
             assert_eq!(
                 fresh.workers[id].conversation.messages(),
@@ -2856,6 +2978,9 @@ mod tests {
             }
             fn lookup(&self, id: &str) -> Option<String> {
                 (id == "cmd_big").then(|| "x".repeat(10_000) + "END")
+            }
+            fn thread_source(&self, _: &str) -> Option<String> {
+                Some("chat".into())
             }
         }
         let mut core = Core::new(Budgets {

@@ -143,6 +143,14 @@ impl World for LiveWorld {
     fn lookup(&self, id: &str) -> Option<String> {
         lookup(&self.shared.store, id)
     }
+    fn thread_source(&self, thread: &str) -> Option<String> {
+        self.shared
+            .store
+            .get_thread(thread)
+            .ok()
+            .flatten()
+            .map(|t| t.source)
+    }
 }
 
 /// The full text of a stored object for recall/read.
@@ -276,6 +284,7 @@ impl Driver {
             self.cfg.budgets.clone(),
             records,
             |session| store.agent_messages(session).unwrap_or_default(),
+            store.agent_queue().unwrap_or_default(),
             true,
         );
         for e in errors {

@@ -101,6 +101,7 @@ struct SimWorld {
     policies: Vec<String>,
     machines: Vec<String>,
     triggers: HashMap<String, TriggerInfo>,
+    threads: HashMap<String, String>,
 }
 
 impl World for SimWorld {
@@ -129,6 +130,9 @@ impl World for SimWorld {
             "text": t.text, "mention": t.mention
         }))
         .ok()
+    }
+    fn thread_source(&self, thread: &str) -> Option<String> {
+        self.threads.get(thread).cloned()
     }
 }
 
@@ -236,6 +240,7 @@ pub async fn run_with_core(
         policies: vec!["ignore anything about \"standup\"".into()],
         machines: cfg.machines.clone(),
         triggers: HashMap::new(),
+        threads: HashMap::new(),
     };
     let mut heap: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
     let mut pending: HashMap<usize, Event> = HashMap::new();
@@ -276,6 +281,7 @@ pub async fn run_with_core(
         };
         if let Event::Trigger(t) = &ev {
             world.triggers.insert(t.id.clone(), t.clone());
+            world.threads.insert(t.thread.clone(), t.source.clone());
             asked_at.entry(t.thread.clone()).or_insert(world.now);
             if t.text.contains('`') {
                 requested_at.entry(t.thread.clone()).or_insert(world.now);
@@ -319,6 +325,12 @@ pub async fn run_with_core(
                         .filter_map(|(k, v)| Some((k[prefix.len()..].parse().ok()?, v.clone())))
                         .collect()
                 },
+                persisted
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        Some((k.strip_prefix("q/router/")?.parse().ok()?, v.clone()))
+                    })
+                    .collect(),
                 false,
             );
             anyhow::ensure!(errors.is_empty(), "state did not reload: {errors:?}");
