@@ -346,7 +346,7 @@ impl Conversation {
     /// Writes since the last call: new messages, deleted ones.
     fn take_writes(&mut self, session: &str, out: &mut Vec<(String, Option<Vec<u8>>)>) {
         for n in std::mem::take(&mut self.added) {
-            if let Some(i) = self.seqs.iter().position(|x| *x == n) {
+            if let Some(i) = self.seqs.iter().rposition(|x| *x == n) {
                 if let Ok(b) = serde_json::to_vec(&self.messages[i]) {
                     out.push((message_key(session, n), Some(b)));
                 }
@@ -446,7 +446,15 @@ impl RouterQueue {
             if removed.contains(&n) {
                 continue;
             }
-            if let Some((_, it)) = self.items.iter().find(|(x, _)| *x == n) {
+            // Back pushes are numbered from 1 << 62 up, front pushes below:
+            // search from the end each came in at, so a long queue costs O(1)
+            // per new item.
+            let found = if n >= 1 << 62 {
+                self.items.iter().rev().find(|(x, _)| *x == n)
+            } else {
+                self.items.iter().find(|(x, _)| *x == n)
+            };
+            if let Some((_, it)) = found {
                 if let Ok(b) = serde_json::to_vec(it) {
                     out.push((queue_key(n), Some(b)));
                 }
