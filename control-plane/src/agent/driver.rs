@@ -252,7 +252,14 @@ pub async fn run(shared: Arc<Shared>, cfg: Arc<AgentConfig>, mut rx: mpsc::Recei
     };
     // Before anything restarts, so no program step is storing one.
     d.collect_snapshots();
-    d.reload();
+    // The agents start only from a complete picture of their state.
+    while let Err(e) = d.reload() {
+        tracing::error!("cannot read the agents' state ({e}); retrying");
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -271,22 +278,29 @@ pub async fn run(shared: Arc<Shared>, cfg: Arc<AgentConfig>, mut rx: mpsc::Recei
 
 impl Driver {
     /// Rebuilds the core from the store and restarts what was in flight.
-    fn reload(&mut self) {
+    /// A store that cannot be read is an error, never an empty state: the
+    /// caller retries rather than run on (and overwrite) a partial picture.
+    fn reload(&mut self) -> Result<(), crate::store::StoreError> {
         let store = self.shared.store.clone();
-        let records = match store.agent_records() {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!("cannot read agent records: {e}");
-                Vec::new()
-            }
-        };
+        let records = store.agent_records()?;
+        let queue = store.agent_queue()?;
+        let failed = std::cell::RefCell::new(None);
         let (core, errors) = Core::rebuild(
             self.cfg.budgets.clone(),
             records,
-            |session| store.agent_messages(session).unwrap_or_default(),
-            store.agent_queue().unwrap_or_default(),
+            |session| match store.agent_messages(session) {
+                Ok(m) => m,
+                Err(e) => {
+                    *failed.borrow_mut() = Some(e);
+                    Vec::new()
+                }
+            },
+            queue,
             true,
         );
+        if let Some(e) = failed.into_inner() {
+            return Err(e);
+        }
         for e in errors {
             tracing::error!("agent state: {e}; skipped");
         }
@@ -298,6 +312,7 @@ impl Driver {
             tracing::info!("agents resumed: {n} operations in flight restarted");
         }
         self.run_effects(fx);
+        Ok(())
     }
 
     /// At start-up (no program step can be running yet), snapshots no
@@ -389,8 +404,19 @@ impl Driver {
             };
             if let Err(e) = r {
                 tracing::error!("cannot commit an agent step ({e}); reloading from the store");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                self.reload();
+                // Back to what the store holds (the step never happened);
+                // the inbox entry is still there and runs again.
+                for attempt in 1..=u32::MAX {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    match self.reload() {
+                        Ok(()) => break,
+                        Err(e) if self.shared.shutdown.is_cancelled() => {
+                            tracing::error!("giving up reloading at shutdown: {e}");
+                            break;
+                        }
+                        Err(e) => tracing::error!(attempt, "cannot reload the agents' state: {e}"),
+                    }
+                }
                 return false;
             }
         }
