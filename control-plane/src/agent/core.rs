@@ -1232,11 +1232,7 @@ impl Core {
                             .collect()
                     })
                     .unwrap_or_default();
-                let machine = a
-                    .get("machine")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
+                let machine = opt_str(a, "machine").unwrap_or_default();
                 let labels: BTreeMap<String, String> = a
                     .get("labels")
                     .and_then(Value::as_object)
@@ -1280,11 +1276,8 @@ impl Core {
             "cancel_worker" => {
                 let w = str_arg(a, "worker")?;
                 self.live_worker(&w)?;
-                let reason = a
-                    .get("reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("cancelled by the router")
-                    .to_string();
+                let reason =
+                    opt_str(a, "reason").unwrap_or_else(|| "cancelled by the router".into());
                 // The Router decided this itself: no report back to it.
                 self.quiet_cancel = true;
                 self.cancel_worker(world, &w, &reason, fx);
@@ -1661,9 +1654,15 @@ impl Core {
         match call.name.as_str() {
             "shell_start" => {
                 let command = str_arg(a, "command")?;
-                let timeout_ms = a.get("timeout_s").and_then(Value::as_u64).unwrap_or(600) * 1000;
-                let machine = a.get("machine").and_then(Value::as_str).map(str::to_string);
-                let cmd = self.start_command(world, id, machine, command, timeout_ms, None, fx)?;
+                let cmd = self.start_command(
+                    world,
+                    id,
+                    opt_str(a, "machine"),
+                    command,
+                    timeout_ms(a),
+                    None,
+                    fx,
+                )?;
                 Ok(format!(
                     "started {cmd}; its result arrives as an event (shell_stop(\"{cmd}\") stops it)"
                 ))
@@ -2132,23 +2131,9 @@ impl Core {
         let max_depth = self.budgets.max_depth;
         let state = match p.capability.as_str() {
             "tools.exec" => {
-                let command = p
-                    .args
-                    .get("command")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                let machine = p
-                    .args
-                    .get("machine")
-                    .and_then(Value::as_str)
-                    .map(str::to_string);
-                let timeout = p
-                    .args
-                    .get("timeout_s")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(600)
-                    * 1000;
+                let command = opt_str(&p.args, "command").unwrap_or_default();
+                let machine = opt_str(&p.args, "machine");
+                let timeout = timeout_ms(&p.args);
                 match self.start_command(
                     world,
                     id,
@@ -2166,17 +2151,8 @@ impl Core {
                 }
             }
             "agents.spawn" => {
-                let task = p
-                    .args
-                    .get("task")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                let machine = p
-                    .args
-                    .get("machine")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
+                let task = opt_str(&p.args, "task").unwrap_or_default();
+                let machine = opt_str(&p.args, "machine")
                     .or_else(|| self.workers.get(id).map(|w| w.machine.clone()))
                     .unwrap_or_default();
                 let w = &self.workers[id];
@@ -2207,11 +2183,7 @@ impl Core {
             "human.ask" => {
                 let question = match &p.args {
                     Value::String(s) => s.clone(),
-                    v => v
-                        .get("question")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                        .unwrap_or_else(|| v.to_string()),
+                    v => opt_str(v, "question").unwrap_or_else(|| v.to_string()),
                 };
                 let apr = world.new_id(Kind::Approval);
                 let thread = self.root_thread(id).unwrap_or_default();
@@ -2506,10 +2478,22 @@ fn push_bounded(r: &mut RouterState, it: RouterItem) {
 }
 
 fn str_arg(a: &Value, k: &str) -> Result<String, String> {
-    a.get(k)
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| format!("missing string argument {k:?}"))
+    opt_str(a, k).ok_or_else(|| format!("missing string argument {k:?}"))
+}
+
+fn opt_str(a: &Value, k: &str) -> Option<String> {
+    a.get(k).and_then(Value::as_str).map(str::to_string)
+}
+
+/// Timeout of a command an agent starts without one.
+const DEFAULT_COMMAND_TIMEOUT_MS: u64 = 600_000;
+
+/// `timeout_s` of a `shell_start` or `tools.exec` call, in ms (saturating:
+/// the value comes from a model).
+fn timeout_ms(a: &Value) -> u64 {
+    a.get("timeout_s")
+        .and_then(Value::as_u64)
+        .map_or(DEFAULT_COMMAND_TIMEOUT_MS, |s| s.saturating_mul(1000))
 }
 
 fn backoff(failures: u32) -> Ms {
@@ -3067,6 +3051,13 @@ mod tests {
         core.take_dirty();
         core.evict_closed();
         assert!(!core.workers.contains_key(&id));
+    }
+
+    #[test]
+    fn a_model_given_timeout_cannot_overflow() {
+        assert_eq!(timeout_ms(&json!({})), DEFAULT_COMMAND_TIMEOUT_MS);
+        assert_eq!(timeout_ms(&json!({"timeout_s": 5})), 5000);
+        assert_eq!(timeout_ms(&json!({"timeout_s": u64::MAX})), u64::MAX);
     }
 
     #[test]

@@ -621,16 +621,23 @@ impl Driver {
     }
 }
 
-enum JsStep {
-    Run {
-        code: String,
-        clock_ms: u64,
-    },
+/// One interpreter step of a worker's program.
+pub enum ProgramStep {
+    /// The first eval of the code, with the virtual clock starting there.
+    Run { code: String, clock_ms: u64 },
+    /// Restore the snapshot (its bytes) and settle call `call`.
     Resume {
-        snapshot: String,
+        snapshot: Vec<u8>,
         call: u32,
         result: Result<Value, String>,
     },
+}
+
+fn js_error(kind: &str, message: impl Into<String>) -> JsOutcome {
+    JsOutcome::Error {
+        kind: kind.into(),
+        message: message.into(),
+    }
 }
 
 /// The capabilities a worker's program has: all durable, so the program
@@ -656,72 +663,39 @@ pub fn js_capabilities(b: &Budgets) -> Vec<Capability> {
     ]
 }
 
-async fn js_step(store: &Store, cfg: &AgentConfig, step: JsStep) -> JsOutcome {
+/// Runs one program step to its end or next pause. A pause hands the
+/// snapshot to `keep`, which makes it durable and names it; the server
+/// keeps it in the store, the simulator in memory.
+pub async fn run_program_step(
+    limits: Limits,
+    key: &[u8],
+    budgets: &Budgets,
+    step: ProgramStep,
+    keep: impl FnOnce(Snapshot) -> Result<String, String>,
+) -> JsOutcome {
     let engine = match Engine::shared() {
         Ok(e) => e,
-        Err(e) => {
-            return JsOutcome::Error {
-                kind: "internal".into(),
-                message: format!("the interpreter is unavailable: {e}"),
-            }
-        }
+        Err(e) => return js_error("internal", format!("the interpreter is unavailable: {e}")),
     };
-    let caps = js_capabilities(&cfg.budgets);
+    let caps = js_capabilities(budgets);
     let (out, logs) = match step {
-        JsStep::Run { code, clock_ms } => {
-            let mut it = match Interpreter::new_at(
-                &engine,
-                cfg.js_limits.clone(),
-                caps,
-                &cfg.js_key,
-                clock_ms,
-            ) {
+        ProgramStep::Run { code, clock_ms } => {
+            let mut it = match Interpreter::new_at(&engine, limits, caps, key, clock_ms) {
                 Ok(it) => it,
-                Err(e) => {
-                    return JsOutcome::Error {
-                        kind: "internal".into(),
-                        message: e.to_string(),
-                    }
-                }
+                Err(e) => return js_error("internal", e.to_string()),
             };
             let out = it.eval(&code).await;
             (out, it.take_logs())
         }
-        JsStep::Resume {
+        ProgramStep::Resume {
             snapshot,
             call,
             result,
         } => {
-            let bytes = match store.get_snapshot(&snapshot) {
-                Ok(Some(b)) => b,
-                Ok(None) => {
-                    return JsOutcome::Error {
-                        kind: "bad_snapshot".into(),
-                        message: format!("snapshot {snapshot} is missing from the store"),
-                    }
-                }
-                Err(e) => {
-                    return JsOutcome::Error {
-                        kind: "internal".into(),
-                        message: e.to_string(),
-                    }
-                }
-            };
-            let snap = Snapshot::from_bytes(bytes);
-            let mut it = match Interpreter::restore(
-                &engine,
-                cfg.js_limits.clone(),
-                caps,
-                &snap,
-                &cfg.js_key,
-            ) {
+            let snap = Snapshot::from_bytes(snapshot);
+            let mut it = match Interpreter::restore(&engine, limits, caps, &snap, key) {
                 Ok(it) => it,
-                Err((kind, message)) => {
-                    return JsOutcome::Error {
-                        kind: kind.name().into(),
-                        message,
-                    }
-                }
+                Err((kind, message)) => return js_error(kind.name(), message),
             };
             let out = it.resume(call, result).await;
             (out, it.take_logs())
@@ -729,46 +703,78 @@ async fn js_step(store: &Store, cfg: &AgentConfig, step: JsStep) -> JsOutcome {
     };
     match out {
         Outcome::Done(result) => JsOutcome::Done { result, logs },
-        Outcome::Error(kind, message) => JsOutcome::Error {
-            kind: kind.name().into(),
-            message,
-        },
+        Outcome::Error(kind, message) => js_error(kind.name(), message),
         Outcome::Paused(snap) => {
             let pending = match snap.pending_unverified() {
                 Ok(p) => p,
-                Err(e) => {
-                    return JsOutcome::Error {
-                        kind: "bad_snapshot".into(),
-                        message: e.to_string(),
-                    }
-                }
+                Err(e) => return js_error("bad_snapshot", e.to_string()),
             };
-            let mut r = [0u8; 10];
-            let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
-            let id = format!("{}{}", Kind::Snapshot.prefix(), encode_body(now_ms(), r));
-            // Durable before the core may refer to it.
-            let stored = store
-                .put_snapshot(&id, snap.as_bytes())
-                .and_then(|_| store.flush());
-            if let Err(e) = stored {
-                return JsOutcome::Error {
-                    kind: "internal".into(),
-                    message: format!("cannot store the snapshot: {e}"),
-                };
-            }
-            JsOutcome::Paused {
-                snapshot: id,
-                pending: pending
-                    .into_iter()
-                    .map(|p| JsCallReq {
-                        id: p.id,
-                        capability: p.capability,
-                        args: p.args,
-                    })
-                    .collect(),
+            match keep(snap) {
+                Ok(snapshot) => JsOutcome::Paused {
+                    snapshot,
+                    pending: pending
+                        .into_iter()
+                        .map(|p| JsCallReq {
+                            id: p.id,
+                            capability: p.capability,
+                            args: p.args,
+                        })
+                        .collect(),
+                },
+                Err(e) => js_error("internal", format!("cannot keep the snapshot: {e}")),
             }
         }
     }
+}
+
+/// A step of the server: snapshots come from and go to the store.
+async fn js_step(store: &Store, cfg: &AgentConfig, step: JsStep) -> JsOutcome {
+    let step = match step {
+        JsStep::Run { code, clock_ms } => ProgramStep::Run { code, clock_ms },
+        JsStep::Resume {
+            snapshot,
+            call,
+            result,
+        } => match store.get_snapshot(&snapshot) {
+            Ok(Some(bytes)) => ProgramStep::Resume {
+                snapshot: bytes,
+                call,
+                result,
+            },
+            Ok(None) => {
+                return js_error(
+                    "bad_snapshot",
+                    format!("snapshot {snapshot} is missing from the store"),
+                )
+            }
+            Err(e) => return js_error("internal", e.to_string()),
+        },
+    };
+    let keep = |snap: Snapshot| {
+        let mut r = [0u8; 10];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+        let id = format!("{}{}", Kind::Snapshot.prefix(), encode_body(now_ms(), r));
+        // Durable before the core may refer to it.
+        store
+            .put_snapshot(&id, snap.as_bytes())
+            .and_then(|_| store.flush())
+            .map(|_| id)
+            .map_err(|e| e.to_string())
+    };
+    run_program_step(cfg.js_limits.clone(), &cfg.js_key, &cfg.budgets, step, keep).await
+}
+
+/// What the driver asks for: a step naming its snapshot by ID.
+enum JsStep {
+    Run {
+        code: String,
+        clock_ms: u64,
+    },
+    Resume {
+        snapshot: String,
+        call: u32,
+        result: Result<Value, String>,
+    },
 }
 
 fn reply_trigger(r: &super::core::Reply) -> pb::Trigger {

@@ -10,12 +10,13 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use byom_protocol::id::{encode_body, Kind};
-use byom_sandbox::{Engine, Interpreter, Limits, Outcome, Snapshot};
+use byom_sandbox::{Engine, Limits, Snapshot};
 use serde::Serialize;
 
 use super::core::{
-    CommandResult, Core, Effect, Event, JsCallReq, JsOutcome, TriggerInfo, WorkerStatus, World,
+    CommandResult, Core, Effect, Event, JsOutcome, TriggerInfo, WorkerStatus, World,
 };
+use super::driver::{run_program_step, ProgramStep};
 use super::Budgets;
 use crate::model::scripted::{Latency, Scripted};
 use crate::model::Usage;
@@ -230,10 +231,9 @@ pub async fn run_with_core(
     let mut core = Core::new(cfg.budgets.clone());
     core.pass_through = cfg.pass_through;
     let model = Scripted::new(cfg.latency);
-    let engine = Engine::shared()?;
+    // Compile (or load) the interpreter once, before the clock matters.
+    Engine::shared()?;
     let key = b"simulation-snapshot-key-0123456789".to_vec();
-    let caps = super::driver::js_capabilities(&cfg.budgets);
-    let limits = Limits::default();
     let mut world = SimWorld {
         now: 0,
         seq: 0,
@@ -439,10 +439,8 @@ pub async fn run_with_core(
                     clock_ms,
                 } => {
                     report.programs += 1;
-                    let mut it =
-                        Interpreter::new_at(&engine, limits.clone(), caps.clone(), &key, clock_ms)?;
-                    let out = it.eval(&code).await;
-                    let outcome = js_outcome(out, it.take_logs(), &mut world, &mut snapshots);
+                    let step = ProgramStep::Run { code, clock_ms };
+                    let outcome = sim_step(step, cfg, &key, &mut world, &mut snapshots).await;
                     push(
                         &mut heap,
                         &mut pending,
@@ -467,23 +465,12 @@ pub async fn run_with_core(
                             message: format!("no snapshot {snapshot}"),
                         },
                         Some(bytes) => {
-                            let snap = Snapshot::from_bytes(bytes.clone());
-                            match Interpreter::restore(
-                                &engine,
-                                limits.clone(),
-                                caps.clone(),
-                                &snap,
-                                &key,
-                            ) {
-                                Ok(mut it) => {
-                                    let out = it.resume(call, result).await;
-                                    js_outcome(out, it.take_logs(), &mut world, &mut snapshots)
-                                }
-                                Err((k, m)) => JsOutcome::Error {
-                                    kind: k.name().into(),
-                                    message: m,
-                                },
-                            }
+                            let step = ProgramStep::Resume {
+                                snapshot: bytes.clone(),
+                                call,
+                                result,
+                            };
+                            sim_step(step, cfg, &key, &mut world, &mut snapshots).await
                         }
                     };
                     push(
@@ -570,33 +557,18 @@ pub async fn run_with_core(
     Ok((report, core))
 }
 
-fn js_outcome(
-    out: Outcome,
-    logs: Vec<String>,
+/// A program step with snapshots kept in memory under simulated IDs.
+async fn sim_step(
+    step: ProgramStep,
+    cfg: &SimConfig,
+    key: &[u8],
     world: &mut SimWorld,
     snapshots: &mut HashMap<String, Vec<u8>>,
 ) -> JsOutcome {
-    match out {
-        Outcome::Done(result) => JsOutcome::Done { result, logs },
-        Outcome::Error(k, m) => JsOutcome::Error {
-            kind: k.name().into(),
-            message: m,
-        },
-        Outcome::Paused(snap) => {
-            let pending = snap.pending_unverified().unwrap_or_default();
-            let id = world.new_id(Kind::Snapshot);
-            snapshots.insert(id.clone(), snap.into_bytes());
-            JsOutcome::Paused {
-                snapshot: id,
-                pending: pending
-                    .into_iter()
-                    .map(|p| JsCallReq {
-                        id: p.id,
-                        capability: p.capability,
-                        args: p.args,
-                    })
-                    .collect(),
-            }
-        }
-    }
+    let keep = |snap: Snapshot| {
+        let id = world.new_id(Kind::Snapshot);
+        snapshots.insert(id.clone(), snap.into_bytes());
+        Ok(id)
+    };
+    run_program_step(Limits::default(), key, &cfg.budgets, step, keep).await
 }
