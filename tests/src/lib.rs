@@ -428,3 +428,37 @@ pub async fn api_round_trip(c: &mut byom_control_plane::client::Client, machine:
     }
     t.elapsed()
 }
+
+/// POSTs `body` to the webhook at `addr` with an optional
+/// `X-Byom-Signature`; returns (status, response body).
+pub fn webhook_post(addr: SocketAddr, path: &str, sig: Option<&str>, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let sig = sig
+        .map(|v| format!("X-Byom-Signature: {v}\r\n"))
+        .unwrap_or_default();
+    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{sig}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// The webhook signature header value for `body` under `key`.
+pub fn webhook_sign(key: &[u8], body: &str) -> String {
+    use ring::hmac;
+    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), body.as_bytes());
+    format!(
+        "sha256={}",
+        tag.as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
+}

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use byom_tests::{stderr, stdout, wait_for, Daemon, Server};
+use byom_tests::{stderr, stdout, wait_for, webhook_post, webhook_sign, Daemon, Server};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(60);
@@ -134,14 +134,14 @@ fn chat_task_follow_up_passes_through_and_replies_keep_channel_norms() {
     let key = std::fs::read_to_string(server.data_dir.join("webhook.key")).unwrap();
     let key = key.trim().as_bytes().to_vec();
     let body = r#"{"thread": "pr-42", "user": "ada", "text": "please run `echo from-github` on lap", "mention": true}"#;
-    let (status, _) = post(
+    let (status, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&sign(&key, body)),
+        Some(&webhook_sign(&key, body)),
         body,
     );
     assert_eq!(status, 202);
-    let (status, _) = post(
+    let (status, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
         Some("sha256=00"),
@@ -388,39 +388,6 @@ fn policies_steer_the_router() {
     });
     assert!(replies(&server, "q1").is_empty());
     assert_eq!(tasks(&server).len(), 1);
-}
-
-fn post(addr: std::net::SocketAddr, path: &str, sig: Option<&str>, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let sig = sig
-        .map(|v| format!("X-Byom-Signature: {v}\r\n"))
-        .unwrap_or_default();
-    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{sig}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|x| x.parse().ok())
-        .unwrap_or(0);
-    (
-        status,
-        out.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
-    )
-}
-
-fn sign(key: &[u8], body: &str) -> String {
-    use ring::hmac;
-    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), body.as_bytes());
-    format!(
-        "sha256={}",
-        tag.as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    )
 }
 
 /// A provider endpoint on loopback speaking the OpenAI Chat Completions or

@@ -1,31 +1,11 @@
 //! Triggers in: `byom events`, the webhook (HMAC-signed), threads, the fast
 //! path per source, and `byom events tail`.
 
-use std::io::{BufRead, Read, Write};
-use std::net::TcpStream;
+use std::io::BufRead;
 use std::process::Stdio;
 use std::time::Duration;
 
-use byom_tests::{stderr, stdout, Server};
-use ring::hmac;
-
-fn post(addr: std::net::SocketAddr, path: &str, sig: Option<&str>, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let sig = sig
-        .map(|v| format!("X-Byom-Signature: {v}\r\n"))
-        .unwrap_or_default();
-    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{sig}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|x| x.parse().ok())
-        .unwrap_or(0);
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (status, body)
-}
+use byom_tests::{stderr, stdout, webhook_post, webhook_sign, Server};
 
 /// Triggers from people (not the agent's own replies).
 fn people(v: &serde_json::Value) -> usize {
@@ -34,17 +14,6 @@ fn people(v: &serde_json::Value) -> usize {
         .iter()
         .filter(|t| t["from_bot"] != true)
         .count()
-}
-
-fn sign(key: &[u8], body: &str) -> String {
-    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), body.as_bytes());
-    format!(
-        "sha256={}",
-        tag.as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    )
 }
 
 #[test]
@@ -114,10 +83,10 @@ fn events_threads_fast_path_and_webhook() {
     let before = people(&server.json(&["events", "ls", "--limit", "1000"]));
     let body =
         r#"{"thread": "pr-42", "user": "octocat", "text": "@byom please review", "mention": true}"#;
-    let (st, reply) = post(
+    let (st, reply) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&sign(&key, body)),
+        Some(&webhook_sign(&key, body)),
         body,
     );
     assert_eq!(st, 202, "{reply}");
@@ -125,27 +94,27 @@ fn events_threads_fast_path_and_webhook() {
         reply.contains("trg_") && reply.contains("candidate"),
         "{reply}"
     );
-    let (st, _) = post(
+    let (st, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&sign(b"wrong key wrong key wrong key!!", body)),
+        Some(&webhook_sign(b"wrong key wrong key wrong key!!", body)),
         body,
     );
     assert_eq!(st, 401);
-    let (st, _) = post(server.webhook_addr, "/hooks/github", None, body);
+    let (st, _) = webhook_post(server.webhook_addr, "/hooks/github", None, body);
     assert_eq!(st, 401);
     let tampered = body.replace("review", "delete everything");
-    let (st, _) = post(
+    let (st, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&sign(&key, body)),
+        Some(&webhook_sign(&key, body)),
         &tampered,
     );
     assert_eq!(st, 401);
-    let (st, _) = post(
+    let (st, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&sign(&key, "not json")),
+        Some(&webhook_sign(&key, "not json")),
         "not json",
     );
     assert_eq!(st, 400);
