@@ -642,8 +642,6 @@ pub struct Core {
     /// the Router decides every trigger; for comparisons).
     pub pass_through: bool,
     dirty: BTreeSet<String>,
-    /// Set while the Router itself cancels a worker.
-    quiet_cancel: bool,
 }
 
 /// Key of the Router's record.
@@ -868,7 +866,7 @@ impl Core {
                 }
             }
             Event::Cancel { worker, by } => {
-                self.cancel_worker(world, &worker, &format!("cancelled by {by}"), &mut fx)
+                self.cancel_worker(world, &worker, &format!("cancelled by {by}"), true, &mut fx)
             }
             Event::Tick => self.tick(world, &mut fx),
         }
@@ -1279,9 +1277,8 @@ impl Core {
                 let reason =
                     opt_str(a, "reason").unwrap_or_else(|| "cancelled by the router".into());
                 // The Router decided this itself: no report back to it.
-                self.quiet_cancel = true;
-                self.cancel_worker(world, &w, &reason, fx);
-                self.quiet_cancel = false;
+                // The Router decided this itself: no report back to it.
+                self.cancel_worker(world, &w, &reason, false, fx);
                 Ok(format!("cancelled {w}"))
             }
             "answer" => {
@@ -1499,7 +1496,7 @@ impl Core {
                 "stopped after {} model calls (max_worker_steps): it looks stuck or looping",
                 w.steps
             );
-            self.finish_worker(world, id, WorkerStatus::Failed, &msg, fx);
+            self.finish_worker(world, id, WorkerStatus::Failed, &msg, true, fx);
             return;
         }
         let text = w.inbox.drain(..).collect::<Vec<_>>().join("\n");
@@ -1549,7 +1546,7 @@ impl Core {
                 w.failures += 1;
                 if w.failures >= MAX_MODEL_FAILURES {
                     let msg = format!("the model kept failing: {e}");
-                    self.finish_worker(world, id, WorkerStatus::Failed, &msg, fx);
+                    self.finish_worker(world, id, WorkerStatus::Failed, &msg, true, fx);
                 } else {
                     w.retry_at = Some(now + backoff(w.failures));
                     // The same request is made again at the retry.
@@ -1609,7 +1606,7 @@ impl Core {
                         "stopped after {} model calls (max_worker_steps): it looks stuck or looping",
                         w.steps
                     );
-                    self.finish_worker(world, id, WorkerStatus::Failed, &msg, fx);
+                    self.finish_worker(world, id, WorkerStatus::Failed, &msg, true, fx);
                     return;
                 }
             }
@@ -1884,12 +1881,12 @@ impl Core {
                 } else {
                     WorkerStatus::Done
                 };
-                self.finish_worker(world, id, st, text, fx);
+                self.finish_worker(world, id, st, text, true, fx);
             }
             true => {}
             // finish_worker tells the Router about a failure.
             false if status == "failed" => {
-                self.finish_worker(world, id, WorkerStatus::Failed, text, fx);
+                self.finish_worker(world, id, WorkerStatus::Failed, text, true, fx);
             }
             false => {
                 let threads = w.threads.clone();
@@ -1909,12 +1906,15 @@ impl Core {
 
     /// Closes a worker: stops its commands, children and approvals, and
     /// tells whoever waits on it.
+    /// `tell_router`: a top-level worker that fails or is cancelled is
+    /// reported to the Router, unless the Router itself ended it.
     fn finish_worker(
         &mut self,
         world: &mut dyn World,
         id: &str,
         status: WorkerStatus,
         text: &str,
+        tell_router: bool,
         fx: &mut Vec<Effect>,
     ) {
         let now = world.now();
@@ -1964,7 +1964,7 @@ impl Core {
             }
         }
         for c in children {
-            self.cancel_worker(world, &c, &format!("its parent {id} ended"), fx);
+            self.cancel_worker(world, &c, &format!("its parent {id} ended"), true, fx);
         }
         if let Some(p) = parent {
             let (call, run) = self.js_call_of(&p, id);
@@ -1978,7 +1978,7 @@ impl Core {
                 self.js_settle(&p, run, call, r, fx);
                 self.spawn_queued(world, &p, fx);
             }
-        } else if status != WorkerStatus::Done && !self.quiet_cancel {
+        } else if status != WorkerStatus::Done && tell_router {
             push_bounded(
                 &mut self.router,
                 RouterItem::Report {
@@ -2009,9 +2009,10 @@ impl Core {
         world: &mut dyn World,
         id: &str,
         reason: &str,
+        tell_router: bool,
         fx: &mut Vec<Effect>,
     ) {
-        self.finish_worker(world, id, WorkerStatus::Cancelled, reason, fx);
+        self.finish_worker(world, id, WorkerStatus::Cancelled, reason, tell_router, fx);
     }
 
     // ── the code interpreter ──
@@ -2114,7 +2115,7 @@ impl Core {
         }
         self.dirty.insert(id.to_string());
         for c in children {
-            self.cancel_worker(world, &c, why, fx);
+            self.cancel_worker(world, &c, why, true, fx);
         }
     }
 
@@ -2428,9 +2429,7 @@ impl Core {
             .map(|(k, _)| k.clone())
             .collect();
         for id in idle {
-            self.quiet_cancel = true;
-            self.finish_worker(world, &id, WorkerStatus::Done, "", fx);
-            self.quiet_cancel = false;
+            self.finish_worker(world, &id, WorkerStatus::Done, "", false, fx);
         }
     }
 
