@@ -57,6 +57,15 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
+/// Held by tests that assert a latency and by tests that flood the two
+/// cores (fifty processes at once, crash loops), so a latency test never
+/// measures the scheduler instead of byom. Poisoning is ignored: a failed
+/// test must not fail the others.
+pub fn cpu_heavy() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn kill(child: &mut Child, sig: i32) {
     // SAFETY: signalling our own child process.
     unsafe {
