@@ -1,7 +1,11 @@
 //! The agents in simulated time: the real core, the scripted model, the
 //! real interpreter; simulated machines and clock.
 
+use std::time::Duration;
+
+use byom_control_plane::agent::core::TriggerInfo;
 use byom_control_plane::agent::sim::{self, SimConfig};
+use byom_control_plane::model::scripted::Latency;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_mixed_stream_finishes_every_task() {
@@ -85,4 +89,78 @@ async fn crash_at_every_step_loses_nothing_and_runs_nothing_twice() {
         assert_eq!(r.replies, calm.replies, "k={k}: replies");
         assert_eq!(r.subagents, calm.subagents, "k={k}");
     }
+}
+
+fn chat(id: &str, thread: &str, text: &str, mention: bool) -> TriggerInfo {
+    TriggerInfo {
+        id: id.into(),
+        thread: thread.into(),
+        source: "chat".into(),
+        user: "ada".into(),
+        text: text.into(),
+        mention,
+    }
+}
+
+/// Races, swept: a program with subagents and an approval on one thread,
+/// a task with a follow-up on another, and the answer (once, or repeated
+/// every second as impatient people do) at every moment across the run,
+/// under several model and command latencies. Every run must end with no
+/// work left anywhere (this sweep found a stuck Router queue and a worker
+/// failed by its lifetime step count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_and_follow_ups_at_any_moment_leave_nothing_stuck() {
+    const PARALLEL: &str = "check `echo one`, `echo two` and `echo three` on lap in parallel, then ask me before running `echo cleaned-up`";
+    let mut bad = Vec::new();
+    let mut runs = 0;
+    for (lat, cmd) in [(0u64, 1u64), (50, 100), (150, 1), (150, 800), (400, 13)] {
+        for x in (0..3000u64).step_by(97) {
+            let answer = if x % 2 == 0 { "no" } else { "yes, go ahead" };
+            let repeats = if (x / 97) % 3 == 0 { 1 } else { 30 };
+            let mut events = vec![
+                (0, chat("trg_a0", "thr_n1", PARALLEL, true)),
+                (
+                    x / 2,
+                    chat("trg_c0", "thr_n2", "please run `echo other` on lap", true),
+                ),
+                (
+                    x + 3,
+                    chat("trg_c1", "thr_n2", "also run `ls /tmp` on lap", false),
+                ),
+            ];
+            for k in 0..repeats {
+                events.push((
+                    x + k * 1000,
+                    chat(&format!("trg_b{k}"), "thr_n1", answer, false),
+                ));
+            }
+            let cfg = SimConfig {
+                latency: Latency {
+                    base: Duration::from_millis(lat),
+                    per_input_token: Duration::from_micros(lat / 10),
+                    per_output_token: Duration::from_micros(lat * 10),
+                },
+                command_ms: cmd,
+                ..SimConfig::default()
+            };
+            let (r, core) = sim::run_with_core(events, &cfg).await.unwrap();
+            runs += 1;
+            // An answer sent before the question exists is chatter, not an
+            // answer: then the program rightly still waits.
+            let asked_after_answer = core.approvals.values().any(|a| a.created_ms >= x);
+            let answered = !asked_after_answer || repeats > 1;
+            if !r.quiescent || (answered && !r.tasks_unfinished.is_empty()) {
+                bad.push(format!(
+                    "latency {lat} ms, commands {cmd} ms, answer at {x} ms ×{repeats}: unfinished {:?}, quiescent {}",
+                    r.tasks_unfinished, r.quiescent
+                ));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {runs} runs:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
 }

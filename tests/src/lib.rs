@@ -257,6 +257,19 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // A failing test shows what the server was doing: CI keeps no temp dirs.
+        if std::thread::panicking() {
+            let log =
+                std::fs::read_to_string(self.data_dir.join("../server.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let from = lines.len().saturating_sub(80);
+            eprintln!(
+                "--- last {} lines of {} ---\n{}",
+                lines.len() - from,
+                self.data_dir.join("../server.log").display(),
+                lines[from..].join("\n")
+            );
+        }
         if let Some(c) = self.child.as_mut() {
             kill(c, libc::SIGTERM);
             let t = Instant::now();

@@ -37,7 +37,9 @@ pub struct Budgets {
     pub worker_context_tokens: usize,
     /// Words in a reply on a chat channel.
     pub chat_reply_words: usize,
-    /// Model calls one worker may make in its life (a looping worker stops).
+    /// Model calls one worker may make on one piece of work, from waking up
+    /// until it is idle again (a looping worker stops; follow-ups over a
+    /// long-lived thread each get the full allowance).
     pub max_worker_steps: u32,
     /// Model calls in one Router turn (tool results → model → …).
     pub max_router_steps: u32,
@@ -601,6 +603,7 @@ pub struct WorkerState {
     pub inbox: Vec<String>,
     pub in_flight: Option<u64>,
     pub turn: u64,
+    /// Model calls since it last woke from idle (see `max_worker_steps`).
     pub steps: u32,
     pub failures: u32,
     pub retry_at: Option<Ms>,
@@ -934,7 +937,9 @@ impl Core {
             }
             w.inbox.push(line);
             if w.status == WorkerStatus::Idle {
+                // New work: the loop guard counts from here.
                 w.status = WorkerStatus::Running;
+                w.steps = 0;
             }
             w.updated_ms = now;
             self.dirty.insert(worker.to_string());
@@ -945,13 +950,6 @@ impl Core {
     /// items and no call in flight; each worker's likewise.
     fn pump(&mut self, world: &mut dyn World, fx: &mut Vec<Effect>) {
         let now = world.now();
-        if self.router.in_flight.is_none()
-            && !self.router.queue.is_empty()
-            && self.router.retry_at.is_none_or(|t| now >= t)
-        {
-            self.router.retry_at = None;
-            self.start_router_turn(world, fx);
-        }
         let ready: Vec<String> = self
             .workers
             .iter()
@@ -965,6 +963,15 @@ impl Core {
             .collect();
         for id in ready {
             self.start_worker_turn(world, &id, fx);
+        }
+        // Workers first: one that stops here reports to the Router, whose
+        // turn must then start now, not at the next event.
+        if self.router.in_flight.is_none()
+            && !self.router.queue.is_empty()
+            && self.router.retry_at.is_none_or(|t| now >= t)
+        {
+            self.router.retry_at = None;
+            self.start_router_turn(world, fx);
         }
     }
 
@@ -3050,6 +3057,62 @@ mod tests {
         core.take_dirty();
         core.evict_closed();
         assert!(!core.workers.contains_key(&id));
+    }
+
+    #[test]
+    fn the_step_allowance_is_per_piece_of_work_and_a_stuck_worker_is_reported_at_once() {
+        let mut core = Core::new(Budgets {
+            max_worker_steps: 3,
+            ..Budgets::default()
+        });
+        let mut w = W { now: 0, seq: 0 };
+        let id = with_worker(&mut core, &mut w);
+        let turn = core.router.in_flight.expect("the Router's second step");
+        core.handle(
+            &mut w,
+            Event::ModelDone {
+                session: ROUTER.into(),
+                turn,
+                result: Ok(reply_with(vec![])),
+            },
+        );
+        worker_step(&mut core, &mut w, &id, vec![]);
+        // Many follow-ups over the thread's life: each one wakes the
+        // worker from idle with the whole allowance again.
+        for i in 0..10 {
+            core.handle(&mut w, trig(&format!("trg_f{i}"), "thr_1", "and?"));
+            assert_eq!(core.workers[&id].status, WorkerStatus::Running, "{i}");
+            worker_step(&mut core, &mut w, &id, vec![]);
+            assert_eq!(core.workers[&id].status, WorkerStatus::Idle, "{i}");
+        }
+        // A worker busy with a long command that keeps being woken spends
+        // its allowance; the turn it cannot take fails it, and the Router
+        // hears so in that same step, not at some later event.
+        core.handle(&mut w, trig("trg_long", "thr_1", "long one"));
+        worker_step(
+            &mut core,
+            &mut w,
+            &id,
+            vec![(
+                "shell_start",
+                json!({"machine": "lap", "command": "sleep 100"}),
+            )],
+        );
+        worker_step(&mut core, &mut w, &id, vec![]);
+        assert_eq!(core.workers[&id].status, WorkerStatus::Running);
+        let mut fx = Vec::new();
+        for i in 0..5 {
+            fx = core.handle(&mut w, trig(&format!("trg_m{i}"), "thr_1", "more"));
+            if core.workers[&id].status.is_closed() {
+                break;
+            }
+            worker_step(&mut core, &mut w, &id, vec![]);
+        }
+        assert_eq!(core.workers[&id].status, WorkerStatus::Failed);
+        let (session, _, req) = model_call(&fx).expect("the Router is called");
+        assert_eq!(session, ROUTER);
+        let last = req.messages.last().unwrap();
+        assert!(last.text.contains("max_worker_steps"), "{}", last.text);
     }
 
     #[test]

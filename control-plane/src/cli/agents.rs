@@ -439,6 +439,9 @@ pub async fn router(c: &mut Client, json: bool) -> anyhow::Result<i32> {
 
 /// `byom chat`: you type as a user on a thread; the agent's replies on that
 /// thread appear as they are posted.
+/// Bot lines `byom chat` keeps while it does not yet know its thread's ID.
+const CHAT_EARLY_REPLIES: usize = 256;
+
 pub async fn chat(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
     let mut tail = c
         .tail_triggers(pb::TailTriggersRequest {})
@@ -448,14 +451,43 @@ pub async fn chat(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
     let max = a.replies;
     let printer = tokio::spawn(async move {
         let mut seen = 0usize;
-        while let Ok(Some(t)) = tail.message().await {
-            let thread = thread_rx.borrow_and_update().clone();
-            if t.from_bot && t.user == "byom" && !thread.is_empty() && t.thread_id == thread {
-                println!("byom: {}", t.text.replace('\n', "\n      "));
-                let _ = std::io::stdout().flush();
-                seen += 1;
-                if max != 0 && seen >= max {
-                    return;
+        // The thread's ID comes back with the first send, and a fast reply
+        // can arrive before it: keep the bot's lines until we know it.
+        let mut early: std::collections::VecDeque<pb::Trigger> = Default::default();
+        let mut thread = String::new();
+        let mut print = |t: &pb::Trigger| {
+            println!("byom: {}", t.text.replace('\n', "\n      "));
+            let _ = std::io::stdout().flush();
+            seen += 1;
+            max != 0 && seen >= max
+        };
+        loop {
+            tokio::select! {
+                m = tail.message() => {
+                    let Ok(Some(t)) = m else { return };
+                    if !(t.from_bot && t.user == "byom") {
+                        continue;
+                    }
+                    if thread.is_empty() {
+                        if early.len() >= CHAT_EARLY_REPLIES {
+                            early.pop_front();
+                        }
+                        early.push_back(t);
+                    } else if t.thread_id == thread && print(&t) {
+                        return;
+                    }
+                }
+                r = thread_rx.changed(), if thread.is_empty() => {
+                    if r.is_err() {
+                        // The sender is gone without a thread: nothing to show.
+                        return;
+                    }
+                    thread = thread_rx.borrow_and_update().clone();
+                    for t in early.drain(..) {
+                        if t.thread_id == thread && print(&t) {
+                            return;
+                        }
+                    }
                 }
             }
         }
