@@ -168,9 +168,14 @@ fn router_batches_triggers_that_arrive_during_a_model_call() {
     // The first event starts a turn; the next five arrive while it runs.
     say(&server, "b0", "hello there");
     std::thread::sleep(Duration::from_millis(300));
-    for i in 1..=5 {
-        say(&server, &format!("b{i}"), "good morning");
-    }
+    // Sent at once (five CLI processes), so a loaded machine cannot spread
+    // them over several model calls.
+    std::thread::scope(|s| {
+        for i in 1..=5 {
+            let server = &server;
+            s.spawn(move || say(server, &format!("b{i}"), "good morning"));
+        }
+    });
     let st = wait_for("router to settle", T, || {
         let st = router(&server);
         (st["stats"]["events"] == 6
