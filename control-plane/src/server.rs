@@ -223,12 +223,14 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         version: byom_protocol::VERSION.to_string(),
     };
     let json = serde_json::to_vec_pretty(&info)?;
-    crate::pki::write_atomic(&opts.data_dir.join("server.json"), &json, 0o644)?;
+    // server.json last: it is the "ready" signal scripts wait for, and the
+    // CLI they then run needs api.json.
     crate::pki::write_atomic(
         &opts.data_dir.join("admin").join("api.json"),
         &serde_json::to_vec_pretty(&serde_json::json!({ "api_addr": api_addr.to_string() }))?,
         0o644,
     )?;
+    crate::pki::write_atomic(&opts.data_dir.join("server.json"), &json, 0o644)?;
     tracing::info!(quic = %quic_addr, tcp = %tcp_addr, api = %api_addr, data_dir = %opts.data_dir.display(), "byom server listening");
 
     let quic_transport = Arc::new(crate::gateway::Transport {

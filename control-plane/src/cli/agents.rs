@@ -437,11 +437,11 @@ pub async fn router(c: &mut Client, json: bool) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `byom chat`: you type as a user on a thread; the agent's replies on that
-/// thread appear as they are posted.
 /// Bot lines `byom chat` keeps while it does not yet know its thread's ID.
 const CHAT_EARLY_REPLIES: usize = 256;
 
+/// `byom chat`: you type as a user on a thread; the agent's replies on that
+/// thread appear as they are posted.
 pub async fn chat(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
     let mut tail = c
         .tail_triggers(pb::TailTriggersRequest {})
