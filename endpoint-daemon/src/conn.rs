@@ -273,6 +273,13 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
     }
 }
 
+/// Whether the server has closed `conn` for good (revoked, unknown). Read
+/// it before closing the connection ourselves: quinn then replaces the
+/// peer's reason with `LocallyClosed`.
+fn revoked(conn: &quinn::Connection) -> Option<String> {
+    conn.close_reason().as_ref().and_then(closed_for_good)
+}
+
 fn closed_for_good(e: &quinn::ConnectionError) -> Option<String> {
     match e {
         quinn::ConnectionError::ApplicationClosed(c) => {
@@ -333,6 +340,51 @@ fn needs_renewal(cert_pem: &str) -> bool {
     }
 }
 
+/// Opens the control stream and says Hello; returns the stream and the
+/// name the server knows this machine by.
+async fn hello(
+    conn: &quinn::Connection,
+    runner: &Arc<Runner>,
+    ident: &Identity,
+    labels: &[(String, String)],
+) -> anyhow::Result<(quinn::SendStream, quinn::RecvStream, String)> {
+    let (mut ctl_send, mut ctl_recv) = conn.open_bi().await?;
+    let (running, held) = runner.inventory();
+    let (policy_digest, policy_summary) = runner.policy_info();
+    let hello = pb::Hello {
+        protocol_version: byom_protocol::PROTOCOL_VERSION,
+        machine_id: ident.machine_id.clone(),
+        version: byom_protocol::VERSION.into(),
+        os: std::env::consts::OS.into(),
+        arch: std::env::consts::ARCH.into(),
+        hostname: crate::hostname(),
+        instance_id: runner.instance_id.clone(),
+        running,
+        held,
+        max_concurrency: runner.max_concurrency as u32,
+        labels: labels.iter().cloned().collect(),
+        policy_digest,
+        policy_summary,
+        paused: runner.is_paused(),
+    };
+    write_frame(
+        &mut ctl_send,
+        &ToServer {
+            msg: Some(to_server::Msg::Hello(hello)),
+        },
+    )
+    .await?;
+    let ack = tokio::time::timeout(CONNECT_TIMEOUT, read_frame::<ToDaemon>(&mut ctl_recv))
+        .await
+        .map_err(|_| anyhow::anyhow!("the server did not answer Hello"))??;
+    let name = match ack.and_then(|a| a.msg) {
+        Some(to_daemon::Msg::HelloAck(a)) => a.machine_name,
+        Some(to_daemon::Msg::Error(e)) => bail!("the server refused Hello: {}", e.message),
+        _ => bail!("unexpected reply to Hello"),
+    };
+    Ok((ctl_send, ctl_recv, name))
+}
+
 async fn session(
     dir: &Path,
     ident: &Identity,
@@ -380,56 +432,25 @@ async fn session(
     if expired {
         tracing::info!("certificate expired: renewing with the existing key");
         let r = renew(dir, &conn, key).await;
+        let gone = revoked(&conn);
         conn.close(0u32.into(), b"renewed");
-        return match r {
-            Ok(()) => Ok(End::Renewed),
-            Err(e) => match conn.close_reason().as_ref().and_then(closed_for_good) {
-                Some(why) => Ok(End::Revoked(why)),
-                None => Err(e),
-            },
+        return match (r, gone) {
+            (_, Some(why)) => Ok(End::Revoked(why)),
+            (Ok(()), None) => Ok(End::Renewed),
+            (Err(e), None) => Err(e),
         };
     }
-    let (mut ctl_send, mut ctl_recv) = conn.open_bi().await?;
-    let (running, held) = runner.inventory();
-    let (policy_digest, policy_summary) = runner.policy_info();
-    let hello = pb::Hello {
-        protocol_version: byom_protocol::PROTOCOL_VERSION,
-        machine_id: ident.machine_id.clone(),
-        version: byom_protocol::VERSION.into(),
-        os: std::env::consts::OS.into(),
-        arch: std::env::consts::ARCH.into(),
-        hostname: crate::hostname(),
-        instance_id: runner.instance_id.clone(),
-        running,
-        held,
-        max_concurrency: runner.max_concurrency as u32,
-        labels: labels.iter().cloned().collect(),
-        policy_digest,
-        policy_summary,
-        paused: runner.is_paused(),
-    };
-    write_frame(
-        &mut ctl_send,
-        &ToServer {
-            msg: Some(to_server::Msg::Hello(hello)),
-        },
-    )
-    .await?;
-    let ack = tokio::time::timeout(CONNECT_TIMEOUT, read_frame::<ToDaemon>(&mut ctl_recv)).await;
-    let ack = match ack {
-        Err(_) => bail!("the server did not answer Hello"),
-        Ok(Err(e)) => {
-            if let Some(why) = conn.close_reason().as_ref().and_then(closed_for_good) {
-                return Ok(End::Revoked(why));
+    // In TLS 1.3 the client's handshake ends before the server has checked
+    // its certificate, so a revoked machine learns it here, as the
+    // connection's close reason behind whatever error the first I/O gives.
+    let (mut ctl_send, ctl_recv, name) = match hello(&conn, runner, ident, labels).await {
+        Ok(v) => v,
+        Err(e) => {
+            return match revoked(&conn) {
+                Some(why) => Ok(End::Revoked(why)),
+                None => Err(e),
             }
-            return Err(e.into());
         }
-        Ok(Ok(a)) => a,
-    };
-    let name = match ack.and_then(|a| a.msg) {
-        Some(to_daemon::Msg::HelloAck(a)) => a.machine_name,
-        Some(to_daemon::Msg::Error(e)) => bail!("the server refused Hello: {}", e.message),
-        _ => bail!("unexpected reply to Hello"),
     };
     tracing::info!(machine = %ident.machine_id, %name, %server, transport = transport.name(), "connected");
     set_status(
@@ -490,11 +511,12 @@ async fn session(
             e.to_string()
         }
     };
-    conn.close(0u32.into(), why.as_bytes());
-    // A revocation close may race with our own read error.
-    if let Some(why) = conn.close_reason().as_ref().and_then(closed_for_good) {
+    // A revocation close may race with our own read error; ask before
+    // closing, which would overwrite the server's reason.
+    if let Some(why) = revoked(&conn) {
         return Ok(End::Revoked(why));
     }
+    conn.close(0u32.into(), why.as_bytes());
     Ok(End::Lost(why, connected_at.elapsed() >= STABLE_AFTER))
 }
 

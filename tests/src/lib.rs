@@ -169,6 +169,11 @@ impl Server {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// What the server has logged so far (all its runs in this test).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("../server.log")).unwrap_or_default()
+    }
+
     pub fn creds(&self) -> PathBuf {
         self.data_dir.join("admin")
     }
@@ -259,8 +264,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         // A failing test shows what the server was doing: CI keeps no temp dirs.
         if std::thread::panicking() {
-            let log =
-                std::fs::read_to_string(self.data_dir.join("../server.log")).unwrap_or_default();
+            let log = self.log();
             let lines: Vec<&str> = log.lines().collect();
             let from = lines.len().saturating_sub(80);
             eprintln!(
