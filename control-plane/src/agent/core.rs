@@ -2683,33 +2683,17 @@ mod tests {
     fn the_router_cannot_execute_even_if_the_model_asks() {
         let mut core = Core::new(Budgets::default());
         let mut w = W { now: 0, seq: 0 };
-        let fx = core.handle(&mut w, trig("trg_1", "thr_1", "hello"));
-        let (session, turn, _) = model_call(&fx).unwrap();
-        let resp = Response {
-            text: String::new(),
-            tool_calls: vec![
-                ToolCall {
-                    id: "c1".into(),
-                    name: "shell_start".into(),
-                    arguments: json!({"command": "rm -rf /", "machine": "lap"}),
-                },
-                ToolCall {
-                    id: "c2".into(),
-                    name: "run_js".into(),
-                    arguments: json!({"code": "1"}),
-                },
-            ],
-            usage: Usage::default(),
-            stop_reason: "tool_calls".into(),
-            attempts: 1,
-        };
-        let fx = core.handle(
+        core.handle(&mut w, trig("trg_1", "thr_1", "hello"));
+        let fx = router_step(
+            &mut core,
             &mut w,
-            Event::ModelDone {
-                session,
-                turn,
-                result: Ok(resp),
-            },
+            vec![
+                (
+                    "shell_start",
+                    json!({"command": "rm -rf /", "machine": "lap"}),
+                ),
+                ("run_js", json!({"code": "1"})),
+            ],
         );
         assert!(!fx
             .iter()
@@ -2865,30 +2849,9 @@ mod tests {
     fn a_hostile_reply_is_bounded() {
         let mut core = Core::new(Budgets::default());
         let mut w = W { now: 0, seq: 0 };
-        let fx = core.handle(&mut w, trig("trg_1", "thr_1", "hi"));
-        let (session, turn, _) = model_call(&fx).unwrap();
-        let calls = (0..100)
-            .map(|i| ToolCall {
-                id: format!("c{i}"),
-                name: "create_worker".into(),
-                arguments: json!({"task": "spin", "threads": ["thr_1"], "machine": "lap"}),
-            })
-            .collect();
-        let resp = Response {
-            text: String::new(),
-            tool_calls: calls,
-            usage: Usage::default(),
-            stop_reason: "tool_calls".into(),
-            attempts: 1,
-        };
-        core.handle(
-            &mut w,
-            Event::ModelDone {
-                session,
-                turn,
-                result: Ok(resp),
-            },
-        );
+        core.handle(&mut w, trig("trg_1", "thr_1", "hi"));
+        let spin = json!({"task": "spin", "threads": ["thr_1"], "machine": "lap"});
+        router_step(&mut core, &mut w, vec![("create_worker", spin); 100]);
         assert_eq!(core.workers.len(), MAX_TOOL_CALLS_PER_REPLY);
     }
 
@@ -2911,7 +2874,7 @@ mod tests {
     }
 
     /// A worker on thr_1, created by the Router; returns its ID.
-    fn with_worker(core: &mut Core, w: &mut W) -> String {
+    fn with_worker(core: &mut Core, w: &mut dyn World) -> String {
         let fx = core.handle(w, trig("trg_1", "thr_1", "hi"));
         let (session, turn, _) = model_call(&fx).unwrap();
         core.handle(
@@ -2928,7 +2891,25 @@ mod tests {
         core.workers.keys().next().unwrap().clone()
     }
 
-    fn worker_step(core: &mut Core, w: &mut W, id: &str, calls: Vec<(&str, Value)>) -> Vec<Effect> {
+    /// Answers the Router's call in flight with `calls`.
+    fn router_step(core: &mut Core, w: &mut dyn World, calls: Vec<(&str, Value)>) -> Vec<Effect> {
+        let turn = core.router.in_flight.expect("a Router call in flight");
+        core.handle(
+            w,
+            Event::ModelDone {
+                session: ROUTER.into(),
+                turn,
+                result: Ok(reply_with(calls)),
+            },
+        )
+    }
+
+    fn worker_step(
+        core: &mut Core,
+        w: &mut dyn World,
+        id: &str,
+        calls: Vec<(&str, Value)>,
+    ) -> Vec<Effect> {
         let turn = core.workers[id].in_flight.expect("a call in flight");
         core.handle(
             w,
@@ -2986,34 +2967,16 @@ mod tests {
             ..Budgets::default()
         });
         let mut w = Big(W { now: 0, seq: 0 });
-        let id = {
-            let fx = core.handle(&mut w, trig("trg_1", "thr_1", "hi"));
-            let (session, turn, _) = model_call(&fx).unwrap();
-            core.handle(
-                &mut w,
-                Event::ModelDone {
-                    session,
-                    turn,
-                    result: Ok(reply_with(vec![(
-                        "create_worker",
-                        json!({"task": "t", "threads": ["thr_1"], "machine": "lap"}),
-                    )])),
-                },
-            );
-            core.workers.keys().next().unwrap().clone()
-        };
-        let turn = core.workers[&id].in_flight.unwrap();
-        core.handle(
+        let id = with_worker(&mut core, &mut w);
+        worker_step(
+            &mut core,
             &mut w,
-            Event::ModelDone {
-                session: id.clone(),
-                turn,
-                result: Ok(reply_with(vec![
-                    ("recall", json!({"id": "cmd_big"})),
-                    ("read", json!({"id": "cmd_big", "offset": 8000})),
-                    ("recall", json!({"id": "cmd_nope"})),
-                ])),
-            },
+            &id,
+            vec![
+                ("recall", json!({"id": "cmd_big"})),
+                ("read", json!({"id": "cmd_big", "offset": 8000})),
+                ("recall", json!({"id": "cmd_nope"})),
+            ],
         );
         let results: Vec<String> = core.workers[&id]
             .conversation
@@ -3067,15 +3030,7 @@ mod tests {
         });
         let mut w = W { now: 0, seq: 0 };
         let id = with_worker(&mut core, &mut w);
-        let turn = core.router.in_flight.expect("the Router's second step");
-        core.handle(
-            &mut w,
-            Event::ModelDone {
-                session: ROUTER.into(),
-                turn,
-                result: Ok(reply_with(vec![])),
-            },
-        );
+        router_step(&mut core, &mut w, vec![]);
         worker_step(&mut core, &mut w, &id, vec![]);
         // Many follow-ups over the thread's life: each one wakes the
         // worker from idle with the whole allowance again.
