@@ -270,19 +270,12 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
     );
 
     println!("\n3. `byomd pair TOKEN`: key made locally, CSR sent, certificate received");
-    let out = Command::new(&byomd)
-        .arg("--config-dir")
+    let mut pair = Command::new(&byomd);
+    pair.arg("--config-dir")
         .arg(dir.join("daemon"))
         .args(["pair", &tok.secret, "--key-store", "file"])
-        .env("BYOMD_LOG", "warn")
-        .output()
-        .context("cannot run byomd pair")?;
-    if !out.status.success() {
-        bail!(
-            "byomd pair failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+        .env("BYOMD_LOG", "warn");
+    let out = run_ok(&mut pair, "byomd pair")?;
     for l in String::from_utf8_lossy(&out.stdout).lines().take(2) {
         println!("   {l}");
     }
@@ -652,19 +645,13 @@ async fn agent_story(
 
     println!("\n13. `byom approvals approve {apr}`: the program is restored and continues");
     // Through the real CLI, as a person would.
-    let out = Command::new(me)
+    let mut approve = Command::new(me);
+    approve
         .args(["approvals", "approve", &apr])
         .env("BYOM_CREDS", data.join("admin"))
         .env_remove("BYOM_API")
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run byom approvals approve")?;
-    if !out.status.success() {
-        bail!(
-            "byom approvals approve failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+        .stdin(Stdio::null());
+    let out = run_ok(&mut approve, "byom approvals approve")?;
     print!("   {}", String::from_utf8_lossy(&out.stdout));
     tl.replies(&mut c, 5).await?;
 
@@ -699,4 +686,13 @@ async fn agent_story(
     println!("   the server was killed once mid-task; nothing was lost and nothing ran twice");
     println!("   see it yourself: byom threads show demo | byom tasks show {task}  (with --keep)");
     Ok(())
+}
+
+/// Runs a step of the demo as its own process; its stderr is the error.
+fn run_ok(cmd: &mut Command, what: &str) -> anyhow::Result<std::process::Output> {
+    let out = cmd.output().with_context(|| format!("cannot run {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(out)
 }

@@ -73,6 +73,13 @@ fn kill(child: &mut Child, sig: i32) {
     }
 }
 
+/// Writes `<dir>/server/<file>`: a config file for the server that
+/// `Server::start(dir)` then starts.
+pub fn server_config(dir: &Path, file: &str, text: &str) {
+    std::fs::create_dir_all(dir.join("server")).unwrap();
+    std::fs::write(dir.join("server").join(file), text).unwrap();
+}
+
 /// A running `byom server`.
 pub struct Server {
     child: Option<Child>,

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use byom_tests::{stderr, stdout, wait_for, webhook_post, webhook_sign, Daemon, Server};
+use byom_tests::{
+    server_config, stderr, stdout, wait_for, webhook_post, webhook_sign, Daemon, Server,
+};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(60);
@@ -676,13 +678,12 @@ fn chat_reads_lines_from_stdin() {
 #[test]
 fn label_selectors_and_configured_budgets() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("server")).unwrap();
     // Budgets are named and configurable.
-    std::fs::write(
-        dir.path().join("server/agents.toml"),
+    server_config(
+        dir.path(),
+        "agents.toml",
         "[budgets]\nchat_reply_words = 12\n",
-    )
-    .unwrap();
+    );
     let server = Server::start(dir.path());
     let tok = server.token(&["--name", "web-1", "--label", "team=web"]);
     let mut d = Daemon::new(dir.path(), "web-1");
@@ -712,11 +713,11 @@ fn label_selectors_and_configured_budgets() {
         server.machine("web-1")["id"]
     );
 
-    std::fs::write(
-        dir.path().join("server/agents.toml"),
+    server_config(
+        dir.path(),
+        "agents.toml",
         "[budgets]\nchat_reply_wordz = 12\n",
-    )
-    .unwrap();
+    );
     let out = std::process::Command::new(byom_tests::bin("byom"))
         .args(["server", "--data-dir"])
         .arg(dir.path().join("server"))

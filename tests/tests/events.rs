@@ -5,7 +5,7 @@ use std::io::BufRead;
 use std::process::Stdio;
 use std::time::Duration;
 
-use byom_tests::{stderr, stdout, webhook_post, webhook_sign, Server};
+use byom_tests::{server_config, stderr, stdout, webhook_post, webhook_sign, Server};
 
 /// Triggers from people (not the agent's own replies).
 fn people(v: &serde_json::Value) -> usize {
@@ -19,12 +19,11 @@ fn people(v: &serde_json::Value) -> usize {
 #[test]
 fn events_threads_fast_path_and_webhook() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("server")).unwrap();
-    std::fs::write(
-        dir.path().join("server/sources.toml"),
+    server_config(
+        dir.path(),
+        "sources.toml",
         "[sources.chat]\nmode = \"addressed_only\"\n[sources.ci]\nmode = \"ignore\"\n",
-    )
-    .unwrap();
+    );
     let server = Server::start(dir.path());
 
     // CLI events: one thread per (source, thread name); fast path per source.
