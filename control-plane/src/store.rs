@@ -122,6 +122,9 @@ pub trait Backend: Send + Sync + 'static {
         reverse: bool,
         limit: usize,
     ) -> Result<Vec<Kv>>;
+    /// Every key of `space`, in key order, without copying the values
+    /// (which can be megabytes each, e.g. snapshots).
+    fn keys(&self, space: Space) -> Result<Vec<Vec<u8>>>;
     fn flush(&self) -> Result<()>;
     /// Applies every write (None: delete) atomically, across spaces.
     fn batch(&self, ops: &[Op]) -> Result<()>;
@@ -252,6 +255,13 @@ impl Backend for SledBackend {
             }
         }
         Ok(out)
+    }
+    fn keys(&self, space: Space) -> Result<Vec<Vec<u8>>> {
+        self.tree(space)
+            .iter()
+            .keys()
+            .map(|k| k.map(|k| k.to_vec()).map_err(io))
+            .collect()
     }
     fn flush(&self) -> Result<()> {
         self.db.flush().map_err(io)?;
@@ -907,19 +917,13 @@ impl Store {
         self.kv.get(Space::Snapshots, id.as_bytes())
     }
 
-    /// IDs of every stored snapshot (reads them all: for start-up only).
+    /// IDs of every stored snapshot (their bytes stay on disk).
     pub fn snapshot_ids(&self) -> Result<Vec<String>> {
         Ok(self
             .kv
-            .range(
-                Space::Snapshots,
-                Bound::Unbounded,
-                Bound::Unbounded,
-                false,
-                usize::MAX,
-            )?
+            .keys(Space::Snapshots)?
             .into_iter()
-            .map(|(k, _)| String::from_utf8_lossy(&k).into_owned())
+            .map(|k| String::from_utf8_lossy(&k).into_owned())
             .collect())
     }
 
@@ -1029,6 +1033,16 @@ mod tests {
             state: CommandState::Queued as i32,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn snapshot_ids_list_every_snapshot() {
+        let (_d, s) = store();
+        s.put_snapshot("snp_b", &[7u8; 100_000]).unwrap();
+        s.put_snapshot("snp_a", b"x").unwrap();
+        assert_eq!(s.snapshot_ids().unwrap(), ["snp_a", "snp_b"]);
+        s.delete_snapshot("snp_a").unwrap();
+        assert_eq!(s.snapshot_ids().unwrap(), ["snp_b"]);
     }
 
     #[test]
