@@ -153,6 +153,20 @@ impl World for LiveWorld {
     }
 }
 
+/// (worker, snapshot) for every stored worker whose program is paused on a
+/// snapshot: the one place that knows where a record keeps it.
+fn paused_programs(store: &Store) -> Result<Vec<(String, String)>, crate::store::StoreError> {
+    Ok(store
+        .agent_records()?
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(Kind::Worker.prefix()))
+        .filter_map(|(k, v)| {
+            let w = serde_json::from_slice::<Value>(&v).ok()?;
+            Some((k, w["js"]["snapshot"].as_str()?.to_string()))
+        })
+        .collect())
+}
+
 /// The full text of a stored object for recall/read.
 pub fn lookup(store: &Store, id: &str) -> Option<String> {
     match Kind::of(id)? {
@@ -206,16 +220,11 @@ pub fn lookup(store: &Store, id: &str) -> Option<String> {
         Kind::Snapshot => {
             let b = store.get_snapshot(id).ok()??;
             // The program it belongs to, if it is still paused on it.
-            let owner = store
-                .agent_records()
+            let owner = paused_programs(store)
                 .ok()?
                 .into_iter()
-                .filter(|(k, _)| k.starts_with(Kind::Worker.prefix()))
-                .find(|(_, v)| {
-                    serde_json::from_slice::<Value>(v)
-                        .is_ok_and(|w| w["js"]["snapshot"].as_str() == Some(id))
-                })
-                .map(|(k, _)| k);
+                .find(|(_, snp)| snp == id)
+                .map(|(worker, _)| worker);
             Some(
                 json!({"id": id, "bytes": b.len(), "paused_program_of": owner,
                        "what": "a paused interpreter's memory (signed, compressed)"})
@@ -322,15 +331,11 @@ impl Driver {
         let Ok(ids) = self.shared.store.snapshot_ids() else {
             return;
         };
-        let Ok(records) = self.shared.store.agent_records() else {
+        let Ok(paused) = paused_programs(&self.shared.store) else {
             return;
         };
-        let used: std::collections::HashSet<String> = records
-            .iter()
-            .filter(|(k, _)| k.starts_with(Kind::Worker.prefix()))
-            .filter_map(|(_, v)| serde_json::from_slice::<Value>(v).ok())
-            .filter_map(|w| w["js"]["snapshot"].as_str().map(str::to_string))
-            .collect();
+        let used: std::collections::HashSet<String> =
+            paused.into_iter().map(|(_, snp)| snp).collect();
         let mut dropped = 0;
         for id in ids.into_iter().filter(|id| !used.contains(id)) {
             if self.shared.store.delete_snapshot(&id).is_ok() {
