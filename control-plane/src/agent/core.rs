@@ -768,6 +768,34 @@ impl Core {
         (core, errors)
     }
 
+    /// [`Core::rebuild`] from an in-memory image of the agents' keyspace
+    /// (every key [`Core::take_writes`] wrote, as last written): what the
+    /// simulator's crashes and the unit tests' reloads rebuild from.
+    pub fn rebuild_from_image(
+        budgets: Budgets,
+        image: &BTreeMap<String, Vec<u8>>,
+        evict: bool,
+    ) -> (Core, Vec<String>) {
+        let numbered = |prefix: &str| -> Vec<(u64, Vec<u8>)> {
+            image
+                .range(prefix.to_string()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .filter_map(|(k, v)| Some((k[prefix.len()..].parse().ok()?, v.clone())))
+                .collect()
+        };
+        let records = image
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("r/")?.to_string(), v.clone())))
+            .collect();
+        Core::rebuild(
+            budgets,
+            records,
+            |session| numbered(&format!("m/{session}/")),
+            numbered("q/router/"),
+            evict,
+        )
+    }
+
     /// Loads a record written by [`Core::record`].
     pub fn load(&mut self, key: &str, v: Value) -> Result<(), serde_json::Error> {
         if key == ROUTER {
@@ -2635,23 +2663,7 @@ mod tests {
                 None => stored.remove(&k),
             };
         }
-        let numbered = |p: &str| -> Vec<(u64, Vec<u8>)> {
-            stored
-                .iter()
-                .filter_map(|(k, v)| Some((k.strip_prefix(p)?.parse().ok()?, v.clone())))
-                .collect()
-        };
-        let records = stored
-            .iter()
-            .filter_map(|(k, v)| Some((k.strip_prefix("r/")?.to_string(), v.clone())))
-            .collect();
-        let (fresh, errors) = Core::rebuild(
-            Budgets::default(),
-            records,
-            |s| numbered(&format!("m/{s}/")),
-            numbered("q/router/"),
-            true,
-        );
+        let (fresh, errors) = Core::rebuild_from_image(Budgets::default(), &stored, true);
         assert!(errors.is_empty(), "{errors:?}");
         fresh
     }

@@ -265,8 +265,8 @@ pub async fn run_with_core(
     }
     let mut snapshots: HashMap<String, Vec<u8>> = HashMap::new();
     // What the store would hold: every record as last committed.
-    let mut persisted: BTreeMap<String, Vec<u8>> = BTreeMap::new(); // key → bytes
-                                                                    // The simulated machines: command → when it ends (they outlive crashes).
+    let mut persisted: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    // The simulated machines: command → when it ends (they outlive crashes).
     let mut machine_cmds: HashMap<String, u64> = HashMap::new();
     let limit = 7 * 24 * 3600 * 1000u64;
     let mut steps = 0u64;
@@ -310,29 +310,7 @@ pub async fn run_with_core(
                 .collect();
             report.crashes += 1;
             pending.retain(|_, e| matches!(e, Event::Trigger(_)));
-            let records: Vec<(String, Vec<u8>)> = persisted
-                .iter()
-                .filter_map(|(k, v)| Some((k.strip_prefix("r/")?.to_string(), v.clone())))
-                .collect();
-            let (fresh, errors) = Core::rebuild(
-                cfg.budgets.clone(),
-                records,
-                |session| {
-                    let prefix = format!("m/{session}/");
-                    persisted
-                        .range(prefix.clone()..)
-                        .take_while(|(k, _)| k.starts_with(&prefix))
-                        .filter_map(|(k, v)| Some((k[prefix.len()..].parse().ok()?, v.clone())))
-                        .collect()
-                },
-                persisted
-                    .iter()
-                    .filter_map(|(k, v)| {
-                        Some((k.strip_prefix("q/router/")?.parse().ok()?, v.clone()))
-                    })
-                    .collect(),
-                false,
-            );
+            let (fresh, errors) = Core::rebuild_from_image(cfg.budgets.clone(), &persisted, false);
             anyhow::ensure!(errors.is_empty(), "state did not reload: {errors:?}");
             core = fresh;
             core.pass_through = cfg.pass_through;
