@@ -273,13 +273,25 @@ impl Drop for Server {
         if std::thread::panicking() {
             let log = self.log();
             let lines: Vec<&str> = log.lines().collect();
-            let from = lines.len().saturating_sub(80);
+            let from = lines.len().saturating_sub(200);
             eprintln!(
                 "--- last {} lines of {} ---\n{}",
                 lines.len() - from,
                 self.data_dir.join("../server.log").display(),
                 lines[from..].join("\n")
             );
+            // And what the agents hold, if the server still answers.
+            if self.child.is_some() {
+                for q in [
+                    &["router", "--json"][..],
+                    &["workers", "ls", "--json"],
+                    &["approvals", "ls", "--all", "--json"],
+                    &["commands", "ls", "--json"],
+                ] {
+                    let text = output_within(self.byom_cmd(q), Duration::from_secs(10));
+                    eprintln!("--- byom {} ---\n{text}", q.join(" "));
+                }
+            }
         }
         if let Some(c) = self.child.as_mut() {
             kill(c, libc::SIGTERM);
@@ -294,6 +306,36 @@ impl Drop for Server {
             let _ = c.wait();
         }
     }
+}
+
+/// A command's stdout and stderr, or why there are none; never panics and
+/// never waits past `limit` (it runs while a test is already failing).
+fn output_within(mut cmd: Command, limit: Duration) -> String {
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => return format!("(no temp dir: {e})"),
+    };
+    let path = dir.path().join("out");
+    let Ok(file) = std::fs::File::create(&path) else {
+        return "(cannot create the output file)".into();
+    };
+    let Ok(err) = file.try_clone() else {
+        return "(cannot clone the output file)".into();
+    };
+    let mut child = match cmd.stdout(file).stderr(err).spawn() {
+        Ok(c) => c,
+        Err(e) => return format!("(cannot start: {e})"),
+    };
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if let Ok(Some(_)) = child.try_wait() {
+            return std::fs::read_to_string(&path).unwrap_or_default();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    format!("(no answer within {limit:?})")
 }
 
 /// A `byomd` with its own config dir.
@@ -403,6 +445,17 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let from = lines.len().saturating_sub(60);
+            eprintln!(
+                "--- last {} lines of {} ---\n{}",
+                lines.len() - from,
+                self.log.display(),
+                lines[from..].join("\n")
+            );
+        }
         self.stop();
     }
 }

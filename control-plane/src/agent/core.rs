@@ -205,6 +205,44 @@ pub enum Event {
     Tick,
 }
 
+impl Event {
+    /// One short line for logs: what happened to whom, no payloads.
+    pub fn summary(&self) -> String {
+        match self {
+            Event::Trigger(t) => format!("trigger {} on {}", t.id, t.thread),
+            Event::ModelDone {
+                session,
+                turn,
+                result,
+            } => format!(
+                "model done {session} turn {turn}: {}",
+                if result.is_ok() { "ok" } else { "error" }
+            ),
+            Event::CommandDone {
+                worker,
+                cmd,
+                result,
+            } => format!("command done {cmd} of {worker}: {}", result.state),
+            Event::JsDone {
+                worker,
+                run,
+                outcome,
+            } => format!(
+                "program step done {worker} run {run}: {}",
+                match outcome {
+                    JsOutcome::Done { .. } => "done".to_string(),
+                    JsOutcome::Paused { pending, .. } =>
+                        format!("paused on {} calls", pending.len()),
+                    JsOutcome::Error { kind, .. } => format!("error {kind}"),
+                }
+            ),
+            Event::Answer { approval, .. } => format!("answer {approval}"),
+            Event::Cancel { worker, .. } => format!("cancel {worker}"),
+            Event::Tick => "tick".into(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reply {
     /// The reply's trigger ID (`trg_…`, from the agent).
@@ -253,6 +291,28 @@ pub enum Effect {
     },
     /// Posted atomically with the state that produced it.
     Reply(Reply),
+}
+
+impl Effect {
+    /// One short line for logs, no payloads.
+    pub fn summary(&self) -> String {
+        match self {
+            Effect::CallModel { session, turn, .. } => format!("call model {session} turn {turn}"),
+            Effect::StartCommand {
+                worker,
+                cmd,
+                machine,
+                ..
+            } => format!("start command {cmd} of {worker} on {machine:?}"),
+            Effect::StopCommand { cmd, .. } => format!("stop command {cmd}"),
+            Effect::RunJs { worker, run, .. } => format!("run program {worker} run {run}"),
+            Effect::ResumeJs {
+                worker, run, call, ..
+            } => format!("resume program {worker} run {run} call {call}"),
+            Effect::DropSnapshot { snapshot } => format!("drop {snapshot}"),
+            Effect::Reply(r) => format!("reply {} on {}", r.id, r.thread),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -381,7 +381,15 @@ impl Driver {
         let mut world = LiveWorld {
             shared: self.shared.clone(),
         };
+        let summary = (!matches!(ev, Event::Tick)).then(|| ev.summary());
         let fx = self.core.handle(&mut world, ev);
+        if let Some(summary) = summary {
+            let effects: Vec<String> = fx.iter().map(Effect::summary).collect();
+            tracing::debug!(?effects, "agent step: {summary}");
+        } else if !fx.is_empty() {
+            let effects: Vec<String> = fx.iter().map(Effect::summary).collect();
+            tracing::debug!(?effects, "agent step: tick");
+        }
         let mut ops: Vec<Op> = self
             .core
             .take_writes()
@@ -458,9 +466,16 @@ impl Driver {
                     let sem = self.models.clone();
                     tokio::spawn(async move {
                         let _permit = sem.acquire_owned().await;
+                        let started = std::time::Instant::now();
                         let result = complete(model.as_ref(), &request, &policy)
                             .await
                             .map_err(|e| e.to_string());
+                        tracing::debug!(
+                            session,
+                            turn,
+                            ms = started.elapsed().as_millis() as u64,
+                            "model call finished"
+                        );
                         let _ = tx
                             .send(Event::ModelDone {
                                 session,
@@ -551,6 +566,7 @@ impl Driver {
         tokio::spawn(async move {
             let _permit = sem.acquire_owned().await;
             let handle = tokio::runtime::Handle::current();
+            let started = std::time::Instant::now();
             let outcome = tokio::task::spawn_blocking(move || {
                 handle.block_on(js_step(&shared.store, &cfg, step))
             })
@@ -559,6 +575,12 @@ impl Driver {
                 kind: "internal".into(),
                 message: format!("interpreter task failed: {e}"),
             });
+            tracing::debug!(
+                worker,
+                run,
+                ms = started.elapsed().as_millis() as u64,
+                "program step finished"
+            );
             let _ = tx
                 .send(Event::JsDone {
                     worker,
