@@ -350,6 +350,9 @@ fn pending_key(machine: &str, cmd: &str) -> Vec<u8> {
     format!("{machine}/{cmd}").into_bytes()
 }
 
+/// How long a flush may take before the log says so (and again each time).
+const SLOW_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Store {
     pub fn new(kv: Arc<dyn Backend>) -> Self {
         Self { kv }
@@ -367,9 +370,23 @@ impl Store {
 
     pub async fn flush_async(&self) -> Result<()> {
         let kv = self.kv.clone();
-        tokio::task::spawn_blocking(move || kv.flush())
-            .await
-            .map_err(|e| StoreError::Io(format!("flush task failed: {e}")))?
+        let started = std::time::Instant::now();
+        let mut task = tokio::task::spawn_blocking(move || kv.flush());
+        loop {
+            tokio::select! {
+                r = &mut task => {
+                    return r.map_err(|e| StoreError::Io(format!("flush task failed: {e}")))?;
+                }
+                _ = tokio::time::sleep(SLOW_FLUSH) => {
+                    // A disk that stalls (or a store that hangs) shows in
+                    // the log rather than as silence.
+                    tracing::warn!(
+                        secs = started.elapsed().as_secs(),
+                        "the store's flush has not finished yet"
+                    );
+                }
+            }
+        }
     }
 
     fn get_msg<M: Message + Default>(&self, space: Space, key: &str) -> Result<Option<M>> {

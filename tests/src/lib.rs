@@ -90,6 +90,9 @@ pub struct Server {
     pub tcp_addr: SocketAddr,
     pub webhook_addr: SocketAddr,
     pub extra_args: Vec<String>,
+    /// Environment for the server process only (never this process's:
+    /// tests run in parallel threads).
+    pub env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -98,6 +101,10 @@ impl Server {
     }
 
     pub fn start_with(dir: &Path, extra: &[&str]) -> Server {
+        Self::start_with_env(dir, extra, &[])
+    }
+
+    pub fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut s = Server {
             child: None,
             data_dir: dir.join("server"),
@@ -106,6 +113,10 @@ impl Server {
             tcp_addr: "127.0.0.1:0".parse().unwrap(),
             webhook_addr: "127.0.0.1:0".parse().unwrap(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         s.launch();
         s
@@ -130,6 +141,7 @@ impl Server {
             .arg("--listen-webhook")
             .arg(self.webhook_addr.to_string())
             .args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("BYOM_LOG", "info,byom_control_plane=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -13,8 +13,12 @@ use serde_json::Value;
 const T: Duration = Duration::from_secs(60);
 
 fn setup(extra: &[&str]) -> (tempfile::TempDir, Server, Daemon) {
+    setup_env(extra, &[])
+}
+
+fn setup_env(extra: &[&str], env: &[(&str, &str)]) -> (tempfile::TempDir, Server, Daemon) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(dir.path(), extra);
+    let server = Server::start_with_env(dir.path(), extra, env);
     let tok = server.token(&["--name", "lap"]);
     let mut d = Daemon::new(dir.path(), "lap");
     d.pair(&tok, "lap");
@@ -46,6 +50,8 @@ fn say(server: &Server, thread: &str, text: &str) -> Value {
 fn replies(server: &Server, thread: &str) -> Vec<String> {
     let out = server.byom(&["threads", "show", thread, "--json"]);
     if !out.status.success() {
+        // Shown, so a wait that times out says why it saw nothing.
+        eprintln!("byom threads show {thread}: {}", stderr(&out));
         return Vec::new();
     }
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -604,22 +610,26 @@ impl FakeProvider {
 fn the_same_server_runs_against_real_provider_apis() {
     let openai = FakeProvider::start(Api::OpenAi);
     let anthropic = FakeProvider::start(Api::Anthropic);
-    // Keys come from the environment only.
-    std::env::set_var("OPENAI_API_KEY", "sk-test");
-    std::env::set_var("ANTHROPIC_API_KEY", "sk-ant-test");
     let openai_base = format!("http://{}/v1", openai.addr);
     let anthropic_base = format!("http://{}", anthropic.addr);
-    // A light Router on one provider, strong Workers on the other.
-    let (_dir, server, _d) = setup(&[
-        "--router-model",
-        "openai:fake-gpt",
-        "--worker-model",
-        "anthropic:fake-claude",
-        "--openai-base-url",
-        &openai_base,
-        "--anthropic-base-url",
-        &anthropic_base,
-    ]);
+    // A light Router on one provider, strong Workers on the other; keys
+    // come from the environment only.
+    let (_dir, server, _d) = setup_env(
+        &[
+            "--router-model",
+            "openai:fake-gpt",
+            "--worker-model",
+            "anthropic:fake-claude",
+            "--openai-base-url",
+            &openai_base,
+            "--anthropic-base-url",
+            &anthropic_base,
+        ],
+        &[
+            ("OPENAI_API_KEY", "sk-test"),
+            ("ANTHROPIC_API_KEY", "sk-ant-test"),
+        ],
+    );
     say(&server, "o1", "please run `echo via-providers` on lap");
     let r = wait_replies(&server, "o1", 2);
     assert!(r[1].contains("via-providers"), "{r:?}");

@@ -39,6 +39,8 @@ pub const INTERNAL_EVENTS: usize = 4096;
 pub const MAX_CONCURRENT_MODEL_CALLS: usize = 32;
 /// Interpreter steps running at once.
 pub const MAX_CONCURRENT_JS: usize = 4;
+/// A step's commit slower than this is logged: the agents wait on it.
+const SLOW_COMMIT: Duration = Duration::from_secs(2);
 /// Inbox entries read per pass.
 const INBOX_BATCH: usize = 64;
 /// Output bytes read back for a finished command (the core cuts further).
@@ -411,10 +413,19 @@ impl Driver {
             ops.push(Op::delete(Space::Agents, k));
         }
         if !ops.is_empty() {
+            let started = std::time::Instant::now();
             let r = match self.shared.store.batch(&ops) {
                 Ok(()) => self.shared.store.flush_async().await,
                 Err(e) => Err(e),
             };
+            let took = started.elapsed();
+            if took > SLOW_COMMIT {
+                tracing::warn!(
+                    ms = took.as_millis() as u64,
+                    ops = ops.len(),
+                    "slow agent commit"
+                );
+            }
             if let Err(e) = r {
                 tracing::error!("cannot commit an agent step ({e}); reloading from the store");
                 // Back to what the store holds (the step never happened);
