@@ -436,14 +436,17 @@ impl Store {
 
     // ── tokens ──
 
+    /// The token and its secret's index appear together (a crash between
+    /// two writes would leave an index to nothing).
     pub fn create_token(&self, token: &pb::Token) -> Result<()> {
-        self.kv.put(
-            Space::TokenSecrets,
-            token.secret_sha256.as_bytes(),
-            token.id.as_bytes(),
-        )?;
-        self.kv
-            .put(Space::Tokens, token.id.as_bytes(), &token.encode_to_vec())
+        self.kv.batch(&[
+            Op::put(Space::Tokens, token.id.as_bytes(), token.encode_to_vec()),
+            Op::put(
+                Space::TokenSecrets,
+                token.secret_sha256.as_bytes(),
+                token.id.as_bytes().to_vec(),
+            ),
+        ])
     }
 
     pub fn get_token_by_secret(&self, secret_sha256: &str) -> Result<Option<pb::Token>> {
@@ -603,12 +606,18 @@ impl Store {
 
     // ── commands ──
 
+    /// The record and its queue entry appear together: a dispatcher that
+    /// saw the entry first would take it for a crash's leftover.
     pub fn create_command(&self, c: &pb::Command) -> Result<()> {
         debug_assert_eq!(c.state(), CommandState::Queued);
-        self.kv
-            .put(Space::Pending, &pending_key(&c.machine_id, &c.id), b"")?;
-        self.kv
-            .put(Space::Commands, c.id.as_bytes(), &c.encode_to_vec())
+        self.kv.batch(&[
+            Op::put(Space::Commands, c.id.as_bytes(), c.encode_to_vec()),
+            Op::put(
+                Space::Pending,
+                pending_key(&c.machine_id, &c.id),
+                Vec::new(),
+            ),
+        ])
     }
 
     pub fn get_command(&self, id: &str) -> Result<Option<pb::Command>> {
@@ -680,7 +689,9 @@ impl Store {
                 Some(c) if !c.state().is_terminal() => out.push(c),
                 // A crash between the terminal write and the index delete
                 // leaves a stale entry: clean it now.
-                _ => self.kv.delete(Space::Pending, &k)?,
+                Some(_) => self.kv.delete(Space::Pending, &k)?,
+                // Never deleted here: only a command's end removes it.
+                None => tracing::warn!(cmd = %id, "queue entry without a command record"),
             }
         }
         Ok(out)
@@ -783,20 +794,23 @@ impl Store {
         }
     }
 
-    /// Creates a thread, or returns the one a concurrent call created.
+    /// Creates a thread, or returns the one a concurrent call created. The
+    /// record is written before its name points at it, so whoever finds
+    /// the name finds the thread.
     pub fn create_thread(&self, t: &pb::Thread) -> Result<pb::Thread> {
         let key = Self::thread_key(&t.source, &t.external);
-        if !self
+        self.kv
+            .put(Space::Threads, t.id.as_bytes(), &t.encode_to_vec())?;
+        if self
             .kv
             .compare_and_swap(Space::ThreadKeys, &key, None, Some(t.id.as_bytes()))?
         {
-            return self
-                .find_thread(&t.source, &t.external)?
-                .ok_or_else(|| StoreError::Conflict("thread vanished".into()));
+            return Ok(t.clone());
         }
-        self.kv
-            .put(Space::Threads, t.id.as_bytes(), &t.encode_to_vec())?;
-        Ok(t.clone())
+        // Another call named it first: ours was never referenced.
+        self.kv.delete(Space::Threads, t.id.as_bytes())?;
+        self.find_thread(&t.source, &t.external)?
+            .ok_or_else(|| StoreError::Conflict("thread vanished".into()))
     }
 
     /// Newest first.
@@ -1050,6 +1064,76 @@ mod tests {
             state: CommandState::Queued as i32,
             ..Default::default()
         }
+    }
+
+    /// A dispatcher reads the queue while commands are being created (the
+    /// agents start several at once): none may be dropped from it.
+    #[test]
+    fn commands_created_while_the_queue_is_read_stay_queued() {
+        let (_d, s) = store();
+        let s = Arc::new(s);
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (s, done) = (s.clone(), done.clone());
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                while !done.load(std::sync::atomic::Ordering::SeqCst)
+                    && t.elapsed() < std::time::Duration::from_secs(30)
+                {
+                    s.pending_commands("mch_a").unwrap();
+                }
+            })
+        };
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..250 {
+                        s.create_command(&cmd(&format!("cmd_{w}_{i:03}"), "mch_a"))
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        reader.join().unwrap();
+        assert_eq!(s.pending_commands("mch_a").unwrap().len(), 1000);
+    }
+
+    /// Messages arriving at once on a new thread all land on one thread.
+    #[test]
+    fn a_thread_named_by_many_at_once_is_one_thread() {
+        let (_d, s) = store();
+        let s = Arc::new(s);
+        for round in 0..50 {
+            let external = format!("t{round}");
+            let ids: Vec<String> = (0..6)
+                .map(|i| {
+                    let (s, external) = (s.clone(), external.clone());
+                    std::thread::spawn(move || {
+                        if let Some(t) = s.find_thread("chat", &external).unwrap() {
+                            return t.id;
+                        }
+                        let t = pb::Thread {
+                            id: format!("thr_{round}_{i}"),
+                            source: "chat".into(),
+                            external,
+                            ..Default::default()
+                        };
+                        s.create_thread(&t).unwrap().id
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect();
+            assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+        }
+        // The losers' records are gone: one thread per name.
+        assert_eq!(s.list_threads(1000).unwrap().len(), 50);
     }
 
     #[test]
