@@ -383,14 +383,15 @@ impl Driver {
         let mut world = LiveWorld {
             shared: self.shared.clone(),
         };
-        let summary = (!matches!(ev, Event::Tick)).then(|| ev.summary());
+        // Built only when it will be logged: this runs for every event.
+        let summary = tracing::enabled!(tracing::Level::DEBUG).then(|| ev.summary());
         let fx = self.core.handle(&mut world, ev);
         if let Some(summary) = summary {
-            let effects: Vec<String> = fx.iter().map(Effect::summary).collect();
-            tracing::debug!(?effects, "agent step: {summary}");
-        } else if !fx.is_empty() {
-            let effects: Vec<String> = fx.iter().map(Effect::summary).collect();
-            tracing::debug!(?effects, "agent step: tick");
+            // Quiet ticks (most of them) are not worth a line each.
+            if summary != "tick" || !fx.is_empty() {
+                let effects: Vec<String> = fx.iter().map(Effect::summary).collect();
+                tracing::debug!(?effects, "agent step: {summary}");
+            }
         }
         let mut ops: Vec<Op> = self
             .core
