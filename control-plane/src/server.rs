@@ -107,6 +107,9 @@ impl Shared {
     }
 }
 
+/// Ephemeral QUIC ports tried for one whose TCP twin is free too.
+const MATCHING_PORT_TRIES: usize = 64;
+
 pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.data_dir)
         .with_context(|| format!("cannot create data dir {}", opts.data_dir.display()))?;
@@ -115,9 +118,28 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let store = Store::open_sled(&opts.data_dir.join("store"))
         .with_context(|| format!("cannot open the store in {}", opts.data_dir.display()))?;
 
-    // Bind first so the certificate can name the public host.
-    let quic_socket = std::net::UdpSocket::bind(opts.listen_quic)
-        .with_context(|| format!("cannot bind QUIC on {}", opts.listen_quic))?;
+    // Bind first so the certificate can name the public host. Daemons look
+    // for the TCP fallback on the QUIC port number; an ephemeral port is
+    // chosen so that both are free on it.
+    let mut pair = None;
+    if opts.listen_quic.port() == 0 && opts.listen_tcp.is_none() {
+        for _ in 0..MATCHING_PORT_TRIES {
+            let udp = std::net::UdpSocket::bind(opts.listen_quic)
+                .with_context(|| format!("cannot bind QUIC on {}", opts.listen_quic))?;
+            if let Ok(tcp) = std::net::TcpListener::bind(udp.local_addr()?) {
+                pair = Some((udp, tcp));
+                break;
+            }
+        }
+    }
+    let (quic_socket, same_port_tcp) = match pair {
+        Some((udp, tcp)) => (udp, Some(tcp)),
+        None => (
+            std::net::UdpSocket::bind(opts.listen_quic)
+                .with_context(|| format!("cannot bind QUIC on {}", opts.listen_quic))?,
+            None,
+        ),
+    };
     let quic_addr = quic_socket.local_addr()?;
     let api_listener = tokio::net::TcpListener::bind(opts.listen_api)
         .await
@@ -125,15 +147,19 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let api_addr = api_listener.local_addr()?;
     // The fallback listens on the QUIC port number unless told otherwise, so
     // a pairing token's address works for both.
-    let tcp_listener = match opts.listen_tcp {
-        Some(a) => tokio::net::TcpListener::bind(a)
+    let tcp_listener = match (opts.listen_tcp, same_port_tcp) {
+        (_, Some(l)) => {
+            l.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(l)?
+        }
+        (Some(a), None) => tokio::net::TcpListener::bind(a)
             .await
             .with_context(|| format!("cannot bind the TCP fallback on {a}"))?,
-        None => match tokio::net::TcpListener::bind(quic_addr).await {
+        (None, None) => match tokio::net::TcpListener::bind(quic_addr).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(
-                    "TCP port {} is taken ({e}); the TCP fallback uses another port",
+                    "TCP port {} is taken ({e}); the TCP fallback uses another port, where daemons will not look for it",
                     quic_addr.port()
                 );
                 tokio::net::TcpListener::bind(SocketAddr::new(quic_addr.ip(), 0)).await?

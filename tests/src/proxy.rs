@@ -87,9 +87,25 @@ pub struct TcpForward {
 }
 
 impl TcpForward {
-    pub fn start(listen: SocketAddr, upstream: SocketAddr) -> TcpForward {
-        let l = std::net::TcpListener::bind(listen).expect("bind TCP forward");
-        l.set_nonblocking(true).unwrap();
+    /// A UDP proxy to `udp_upstream` and a TCP forwarder to `tcp_upstream`
+    /// on the same port number. Ephemeral ports are shared by outgoing TCP
+    /// connections, so the proxy's number may be taken for TCP: try others.
+    pub fn with_udp_proxy(
+        udp_upstream: SocketAddr,
+        tcp_upstream: SocketAddr,
+    ) -> (UdpProxy, TcpForward) {
+        for _ in 0..64 {
+            let udp = UdpProxy::start(udp_upstream);
+            if let Ok(tcp) = Self::try_start(udp.addr, tcp_upstream) {
+                return (udp, tcp);
+            }
+        }
+        panic!("no port free for both UDP and TCP after 64 tries");
+    }
+
+    pub fn try_start(listen: SocketAddr, upstream: SocketAddr) -> std::io::Result<TcpForward> {
+        let l = std::net::TcpListener::bind(listen)?;
+        l.set_nonblocking(true)?;
         let stop = Flag::default();
         let st = stop.clone();
         std::thread::spawn(move || {
@@ -108,7 +124,7 @@ impl TcpForward {
                 }
             }
         });
-        TcpForward { stop }
+        Ok(TcpForward { stop })
     }
 }
 

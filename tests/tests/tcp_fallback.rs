@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use byom_tests::proxy::{TcpForward, UdpProxy};
+use byom_tests::proxy::TcpForward;
 use byom_tests::{stdout, wait_for, Daemon, Server};
 
 const T: Duration = Duration::from_secs(60);
@@ -14,8 +14,7 @@ fn udp_blocked_falls_back_to_tcp_and_moves_back() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     // One host:port: UDP through a proxy we can cut, TCP forwarded.
-    let udp = UdpProxy::start(server.quic_addr);
-    let _tcp = TcpForward::start(udp.addr, server.tcp_addr);
+    let (udp, _tcp) = TcpForward::with_udp_proxy(server.quic_addr, server.tcp_addr);
     udp.cut.set(true);
 
     let mut d = Daemon::new(dir.path(), "daemon");
