@@ -283,15 +283,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         // A failing test shows what the server was doing: CI keeps no temp dirs.
         if std::thread::panicking() {
-            let log = self.log();
-            let lines: Vec<&str> = log.lines().collect();
-            let from = lines.len().saturating_sub(200);
-            eprintln!(
-                "--- last {} lines of {} ---\n{}",
-                lines.len() - from,
-                self.data_dir.join("../server.log").display(),
-                lines[from..].join("\n")
-            );
+            print_tail(&self.data_dir.join("../server.log"), &self.log(), 200);
             // And what the agents hold, if the server still answers.
             if self.child.is_some() {
                 for q in [
@@ -318,6 +310,19 @@ impl Drop for Server {
             let _ = c.wait();
         }
     }
+}
+
+/// The last `n` lines of a log, for a failing test's output (CI keeps no
+/// temp dirs).
+fn print_tail(path: &Path, log: &str, n: usize) {
+    let lines: Vec<&str> = log.lines().collect();
+    let from = lines.len().saturating_sub(n);
+    eprintln!(
+        "--- last {} lines of {} ---\n{}",
+        lines.len() - from,
+        path.display(),
+        lines[from..].join("\n")
+    );
 }
 
 /// A command's stdout and stderr, or why there are none; never panics and
@@ -458,15 +463,7 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let log = self.log();
-            let lines: Vec<&str> = log.lines().collect();
-            let from = lines.len().saturating_sub(60);
-            eprintln!(
-                "--- last {} lines of {} ---\n{}",
-                lines.len() - from,
-                self.log.display(),
-                lines[from..].join("\n")
-            );
+            print_tail(&self.log, &self.log(), 60);
         }
         self.stop();
     }
