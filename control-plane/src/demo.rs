@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use byom_protocol::pb::{self, CommandState};
 
-use crate::client::{self, Client};
+use byom_api::{Client, Seen, WatchOptions};
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
@@ -138,38 +138,28 @@ async fn run_cmd(
 }
 
 async fn wait_done(c: &mut Client, id: &str) -> anyhow::Result<(pb::Command, String, String)> {
-    let mut s = c
-        .watch_command(pb::WatchCommandRequest {
-            id: id.into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let t = Instant::now();
-    loop {
-        let left = STEP_TIMEOUT.saturating_sub(t.elapsed());
-        match tokio::time::timeout(left, s.message()).await {
-            Err(_) => bail!("{id} did not finish in time"),
-            Ok(m) => match m?.and_then(|e| e.event) {
-                Some(pb::command_event::Event::Output(o))
-                    if o.stream == pb::OutputStream::Stderr as i32 =>
-                {
-                    err.extend(o.data)
-                }
-                Some(pb::command_event::Event::Output(o)) => out.extend(o.data),
-                Some(pb::command_event::Event::State(st)) if st.state().is_terminal() => {
-                    return Ok((
-                        st,
-                        String::from_utf8_lossy(&out).into_owned(),
-                        String::from_utf8_lossy(&err).into_owned(),
-                    ));
-                }
-                Some(_) => {}
-                None => bail!("lost the server while waiting for {id}"),
-            },
+    let watch = byom_api::watch_to_end(c, id, WatchOptions::default(), |seen| {
+        if let Seen::Output(o) = seen {
+            if o.stream == pb::OutputStream::Stderr as i32 {
+                err.extend_from_slice(&o.data);
+            } else {
+                out.extend_from_slice(&o.data);
+            }
         }
-    }
+    });
+    let end = match tokio::time::timeout(STEP_TIMEOUT, watch).await {
+        Err(_) => bail!("{id} did not finish in time"),
+        Ok(r) => r?,
+    };
+    let Some(st) = end else {
+        bail!("lost the server while waiting for {id}");
+    };
+    Ok((
+        st,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    ))
 }
 
 fn show(label: &str, c: &pb::Command, out: &str, err: &str) {
@@ -228,7 +218,7 @@ impl Drop for TempDir {
 fn tempdir() -> anyhow::Result<TempDir> {
     let mut r = [0u8; 6];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
-    let p = std::env::temp_dir().join(format!("byom-demo-{}", crate::pki::hex(&r)));
+    let p = std::env::temp_dir().join(format!("byom-demo-{}", byom_wire::hex(&r)));
     std::fs::create_dir_all(&p)?;
     Ok(TempDir(Some(p)))
 }
@@ -251,8 +241,8 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
         info["quic_addr"].as_str().unwrap_or("?"),
         info["api_addr"].as_str().unwrap_or("?")
     );
-    let creds = client::load_creds(Some(&data.join("admin")), None)?;
-    let mut c = client::connect(&creds).await?;
+    let creds = byom_api::load_creds(Some(&data.join("admin")), None)?;
+    let mut c = byom_api::connect(&creds).await?;
 
     println!("\n2. `byom token create --name demo-laptop --label demo=yes`");
     let tok = c
@@ -508,7 +498,7 @@ struct Timeline {
 
 impl Timeline {
     async fn poll(&mut self, c: &mut Client) -> anyhow::Result<()> {
-        let v = crate::cli::agents::agent(c, "thread", "demo", serde_json::Value::Null).await?;
+        let v = crate::cli::agent(c, "thread", "demo", serde_json::Value::Null).await?;
         for m in v["messages"].as_array().cloned().unwrap_or_default() {
             let id = m["id"].as_str().unwrap_or("").to_string();
             if !self.seen.insert(id) {
@@ -570,10 +560,10 @@ async fn agent_story(
     server: &mut Proc,
     info: &serde_json::Value,
 ) -> anyhow::Result<()> {
-    use crate::cli::agents::agent;
+    use crate::cli::agent;
     use serde_json::Value;
-    let creds = client::load_creds(Some(&data.join("admin")), None)?;
-    let mut c = client::connect(&creds).await?;
+    let creds = byom_api::load_creds(Some(&data.join("admin")), None)?;
+    let mut c = byom_api::connect(&creds).await?;
     let mut tl = Timeline {
         start: Instant::now(),
         seen: Default::default(),
@@ -636,7 +626,7 @@ async fn agent_story(
             .to_string(),
     );
     *server = start_server(me, data, dir, Some(addrs)).await?;
-    let mut c = client::connect(&creds).await?;
+    let mut c = byom_api::connect(&creds).await?;
     let open = agent(&mut c, "approvals", "", Value::Null).await?;
     println!(
         "   back up; `byom approvals ls` still shows {} open approval(s)",

@@ -104,22 +104,9 @@ fn snapshot_key() -> anyhow::Result<Vec<u8>> {
         anyhow::ensure!(k.len() >= 16, "BYOM_JS_KEY must be at least 16 characters");
         return Ok(k.into_bytes());
     }
-    load_or_create_key(&crate::client::default_data_dir().join("js-snapshot.key"))
-}
-
-/// A random 32-byte key kept (0600) at `path`, made on first use.
-pub fn load_or_create_key(path: &Path) -> anyhow::Result<Vec<u8>> {
-    if let Ok(k) = std::fs::read(path) {
-        if k.len() >= 32 {
-            return Ok(k);
-        }
-    }
-    let mut k = vec![0u8; 32];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut k)
-        .map_err(|_| anyhow::anyhow!("no randomness"))?;
-    byom_wire::write_atomic(path, &k, 0o600)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(k)
+    let path = byom_api::default_data_dir().join("js-snapshot.key");
+    byom_wire::load_or_create_key(&path)
+        .with_context(|| format!("cannot read or write {}", path.display()))
 }
 
 fn read_script(file: &str) -> anyhow::Result<String> {

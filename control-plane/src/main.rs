@@ -1,11 +1,19 @@
+//! `byom`: the command line (one verb per file under [`cli`]), `byom demo`
+//! and `byom js`. It speaks to servers through `byom-api` only; `byom
+//! server` runs `byom_server::run` in this process.
+
+mod cli;
+mod demo;
+mod js;
+
 use clap::Parser;
 
 fn main() {
-    let cli = byom_control_plane::cli::Cli::parse();
-    let code = match byom_control_plane::cli::main(cli) {
+    let cli = cli::Cli::parse();
+    let code = match cli::main(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("byom: {}", byom_control_plane::cli::describe(&e));
+            eprintln!("byom: {}", cli::describe(&e));
             1
         }
     };

@@ -47,7 +47,7 @@ enum Cmd {
         server: Option<String>,
         /// Label to report for this machine (k=v, repeatable); labels an
         /// admin set on the server win.
-        #[arg(long = "label", value_parser = parse_kv)]
+        #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
     },
     /// Show the identity, certificate, key store and connection state.
@@ -215,7 +215,7 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             let shutdown = tokio_util::sync::CancellationToken::new();
             let s = shutdown.clone();
             rt.spawn(async move {
-                wait_signal().await;
+                byom_wire::shutdown_signal().await;
                 s.cancel();
             });
             rt.block_on(byom_daemon::conn::run(
@@ -430,26 +430,13 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-async fn wait_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let (Ok(mut t), Ok(mut i)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
-fn parse_kv(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
-    }
+/// A `--label k=v`, checked as the server checks it.
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let Some((k, v)) = s.split_once('=') else {
+        return Err(format!("expected KEY=VALUE, got {s:?}"));
+    };
+    byom_protocol::names::check_label(k, v).map_err(|e| e.to_string())?;
+    Ok((k.to_string(), v.to_string()))
 }
 
 fn policy(dir: &std::path::Path, cmd: PolicyCmd) -> anyhow::Result<i32> {

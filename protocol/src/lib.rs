@@ -8,11 +8,14 @@
 //!
 //! Key items: [`pb`] (generated messages), [`frame`] (encode/decode with
 //! [`limits::MAX_FRAME_BYTES`]), [`id`] (`mch_…`, `cmd_…`, `tok_…`),
-//! [`token::PairingToken`], [`limits`], [`PROTOCOL_VERSION`] and [`ALPN`].
+//! [`token::PairingToken`], [`limits`], [`names`] (one validator for names
+//! and labels), [`time`] (RFC 3339), [`PROTOCOL_VERSION`] and [`ALPN`].
 
 pub mod frame;
 pub mod id;
 pub mod limits;
+pub mod names;
+pub mod time;
 pub mod token;
 
 /// Generated protobuf messages (package `byom.v1`).
@@ -102,6 +105,17 @@ impl pb::CommandState {
                 true
             }
             _ => false,
+        }
+    }
+}
+
+impl pb::TriggerDecision {
+    /// Lower-case name used by the CLI, JSON output and the agents.
+    pub fn name(self) -> &'static str {
+        match self {
+            pb::TriggerDecision::Unspecified => "pending",
+            pb::TriggerDecision::Ignored => "ignored",
+            pb::TriggerDecision::Candidate => "candidate",
         }
     }
 }

@@ -6,7 +6,8 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 
-use crate::interp::{add_host_functions, Host};
+use crate::host::{add_host_functions, Host};
+use crate::limits::MAX_MEMORY_BYTES;
 
 /// The guest module, built by `sandbox/guest/build.sh` and committed.
 pub(crate) static MODULE_BYTES: &[u8] = include_bytes!("../guest/quickjs.wasm");
@@ -15,8 +16,6 @@ pub const MODULE_SHA256: &str = include_str!("../guest/quickjs.wasm.sha256");
 
 /// Instances the pooling allocator keeps slots for.
 const POOL_INSTANCES: u32 = 64;
-/// Largest linear memory any interpreter may have (its `Limits` pick less).
-pub(crate) const MAX_MEMORY_BYTES: usize = 512 << 20;
 /// Native stack wasm code may use. The JS stack limit is far below it, so
 /// deep recursion is a catchable RangeError long before this traps.
 pub(crate) const MAX_WASM_STACK: usize = 1 << 20;
@@ -146,7 +145,8 @@ impl Engine {
         if let Some(i) = self.0.initial_image.get() {
             return Ok(i);
         }
-        let mut store = wasmtime::Store::new(&self.0.engine, Host::new(&crate::Limits::default()));
+        let mut store =
+            wasmtime::Store::new(&self.0.engine, Host::new(&crate::limits::Limits::default()));
         store.limiter(|h| &mut h.store_limits);
         store.set_fuel(u64::MAX)?;
         let inst = self.0.pre.instantiate(&mut store)?;

@@ -16,14 +16,17 @@
 //! `resume` take `&mut self`, so Rust refuses a second concurrent eval at
 //! compile time; an embedder sharing one behind a lock queues evals.
 
+mod capability;
 mod engine;
+mod host;
 mod interp;
+mod limits;
 mod schema;
 mod snapshot;
 
+pub use capability::{Capability, CapabilityFn, PendingCall};
 pub use engine::{Engine, MODULE_SHA256};
-pub use interp::{
-    Capability, CapabilityFn, ErrorKind, Interpreter, Limits, Outcome, PendingCall, Template,
-};
+pub use interp::{Interpreter, Outcome, Template};
+pub use limits::{ErrorKind, Limits};
 pub use schema::{validate, SchemaError};
 pub use snapshot::{Snapshot, SnapshotError, SNAPSHOT_VERSION};

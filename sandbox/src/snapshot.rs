@@ -15,7 +15,7 @@ use ring::hmac;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::interp::PendingCall;
+use crate::capability::PendingCall;
 
 pub const SNAPSHOT_VERSION: u32 = 1;
 
@@ -26,7 +26,7 @@ const CHUNK: usize = 4096;
 const ZSTD_LEVEL: i32 = 3;
 /// Largest header or memory a snapshot may describe.
 const MAX_HEADER_BYTES: usize = 16 << 20;
-const MAX_MEMORY_BYTES: u64 = crate::engine::MAX_MEMORY_BYTES as u64;
+const MAX_MEMORY_BYTES: u64 = crate::limits::MAX_MEMORY_BYTES as u64;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SnapshotError {

@@ -13,10 +13,11 @@
 
 use std::time::{Duration, Instant};
 
-use byom_control_plane::agent::core::TriggerInfo;
-use byom_control_plane::agent::sim::{self, SimConfig};
-use byom_control_plane::model::scripted::Latency;
+use byom_agent::event::TriggerInfo;
+use byom_agent::scripted::Latency;
+use byom_agent::sim::{self, SimConfig};
 use byom_protocol::pb;
+use byom_server::SandboxPrograms;
 
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
@@ -46,11 +47,16 @@ fn chatter(n: usize, gap_ms: u64) -> Vec<(u64, TriggerInfo)> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    // The core alone: invariant checks (which read every record after
+    // every step) stay in the tests.
     let zero = SimConfig {
         latency: Latency::default(),
         command_ms: 0,
+        check_invariants: false,
         ..SimConfig::default()
     };
+    SandboxPrograms::warm_up().map_err(anyhow::Error::msg)?;
+    let programs = |cfg: &SimConfig| SandboxPrograms::new(cfg.budgets.clone());
 
     // 1. Router throughput. Events one simulated second apart: one turn each;
     //    events all at once: one batched turn per model round trip. "with
@@ -66,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
             persist,
             ..zero.clone()
         };
-        let r = sim::run(chatter(n, gap), &cfg).await?;
+        let r = sim::run(chatter(n, gap), &cfg, &mut programs(&cfg)).await?;
         let secs = r.wall_ms / 1000.0;
         println!(
             "router, {label}: {n} triggers → {} turns, {} model calls, {} decisions in {:.0} ms: {:.0} turns/s, {:.0} decisions/s; model's own time {:.0} ms ({:.2}x of the total)",
@@ -83,9 +89,9 @@ async fn main() -> anyhow::Result<()> {
 
     // 2. Fast path into a real store.
     let dir = tempfile::tempdir()?;
-    let store = byom_control_plane::store::Store::open_sled(&dir.path().join("store"))?;
-    let rules =
-        byom_control_plane::triggers::Rules::parse("[sources.chat]\nmode = \"addressed_only\"\n")
+    let store = byom_store::Store::open_sled(&dir.path().join("store"))?;
+    let ingest =
+        byom_server::BenchIngest::new(store.clone(), "[sources.chat]\nmode = \"addressed_only\"\n")
             .map_err(anyhow::Error::msg)?;
     let n = 2000;
     let t = Instant::now();
@@ -98,7 +104,7 @@ async fn main() -> anyhow::Result<()> {
             mention: i % 2 == 0,
             from_bot: false,
         };
-        byom_control_plane::triggers::ingest(&store, &rules, ev).await?;
+        ingest.ingest(ev).await?;
     }
     let fast = t.elapsed();
     let t = Instant::now();
@@ -138,18 +144,18 @@ async fn main() -> anyhow::Result<()> {
             )
         })
         .collect();
-    let (r, core) = sim::run_with_core(events, &zero).await?;
+    let (r, core) = sim::run_with_core(events, &zero, &mut programs(&zero)).await?;
     let after = rss_kib();
     let idle = core
-        .workers
+        .workers()
         .values()
         .filter(|w| w.status.name() == "idle")
         .count();
     let bytes: usize = core
-        .workers
-        .keys()
-        .filter_map(|k| core.record(k))
-        .map(|v| v.to_string().len())
+        .workers()
+        .values()
+        .filter_map(|w| serde_json::to_vec(w).ok())
+        .map(|v| v.len())
         .sum();
     println!(
         "idle workers: {idle} of {} tasks; RSS {} KiB → {} KiB: {:.1} KiB per idle worker in memory; stored record {:.1} KiB each",
@@ -163,16 +169,16 @@ async fn main() -> anyhow::Result<()> {
 
     // 4. Pass-through on and off, same stream.
     let day = sim::day(300, 42);
-    let realistic = SimConfig::default();
-    let on = sim::run(day.clone(), &realistic).await?;
-    let off = sim::run(
-        day,
-        &SimConfig {
-            pass_through: false,
-            ..SimConfig::default()
-        },
-    )
-    .await?;
+    let realistic = SimConfig {
+        check_invariants: false,
+        ..SimConfig::default()
+    };
+    let on = sim::run(day.clone(), &realistic, &mut programs(&realistic)).await?;
+    let without = SimConfig {
+        pass_through: false,
+        ..realistic.clone()
+    };
+    let off = sim::run(day, &without, &mut programs(&without)).await?;
     for (label, r) in [("pass-through on ", &on), ("pass-through off", &off)] {
         let tokens_in = r.router_usage.input_tokens + r.worker_usage.input_tokens;
         let cached = r.router_usage.cache_read_tokens + r.worker_usage.cache_read_tokens;

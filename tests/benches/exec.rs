@@ -143,8 +143,8 @@ fn main() {
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let api: Vec<Duration> = rt.block_on(async {
-        let creds = byom_control_plane::client::load_creds(Some(&server.creds()), None).unwrap();
-        let mut c = byom_control_plane::client::connect(&creds).await.unwrap();
+        let creds = byom_api::load_creds(Some(&server.creds()), None).unwrap();
+        let mut c = byom_api::connect(&creds).await.unwrap();
         let mut v = Vec::with_capacity(n);
         for i in 0..n + 10 {
             let d = byom_tests::api_round_trip(&mut c, "lap").await;
@@ -164,8 +164,8 @@ fn main() {
     server.wait_online("lap-tcp", true, Duration::from_secs(60));
     assert_eq!(server.machine("lap-tcp")["transport"], "tcp");
     let (quic_rt, tcp_rt): (Vec<Duration>, Vec<Duration>) = rt.block_on(async {
-        let creds = byom_control_plane::client::load_creds(Some(&server.creds()), None).unwrap();
-        let mut c = byom_control_plane::client::connect(&creds).await.unwrap();
+        let creds = byom_api::load_creds(Some(&server.creds()), None).unwrap();
+        let mut c = byom_api::connect(&creds).await.unwrap();
         let mut q = Vec::new();
         let mut t = Vec::new();
         for i in 0..(n + 10) {

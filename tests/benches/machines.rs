@@ -47,8 +47,8 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let creds = byom_control_plane::client::load_creds(Some(&server.creds()), None).unwrap();
-        let client = byom_control_plane::client::connect(&creds).await.unwrap();
+        let creds = byom_api::load_creds(Some(&server.creds()), None).unwrap();
+        let client = byom_api::connect(&creds).await.unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
         let rss0 = rss_kib(pid);
 

@@ -142,7 +142,7 @@ impl Server {
             .arg(self.webhook_addr.to_string())
             .args(&self.extra_args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("BYOM_LOG", "info,byom_control_plane=debug")
+            .env("BYOM_LOG", "info,byom_server=debug,byom_agent=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -491,7 +491,7 @@ pub fn stderr(o: &Output) -> String {
 /// Runs `true` on `machine` through the admin API (CreateCommand, then
 /// WatchCommand until the stored exit) and returns the round-trip time.
 /// Panics unless it exited successfully: benchmarks must not time failures.
-pub async fn api_round_trip(c: &mut byom_control_plane::client::Client, machine: &str) -> Duration {
+pub async fn api_round_trip(c: &mut byom_api::Client, machine: &str) -> Duration {
     use byom_protocol::pb;
     let t = Instant::now();
     let cmd = c
@@ -505,22 +505,11 @@ pub async fn api_round_trip(c: &mut byom_control_plane::client::Client, machine:
         .into_inner()
         .command
         .expect("command in response");
-    let mut s = c
-        .watch_command(pb::WatchCommandRequest {
-            id: cmd.id,
-            ..Default::default()
-        })
+    let end = byom_api::watch_to_end(c, &cmd.id, Default::default(), |_| {})
         .await
         .expect("watch command")
-        .into_inner();
-    while let Some(ev) = s.message().await.expect("watch stream") {
-        if let Some(pb::command_event::Event::State(st)) = ev.event {
-            if st.state().is_terminal() {
-                assert_eq!(st.state(), pb::CommandState::Exited, "{st:?}");
-                break;
-            }
-        }
-    }
+        .expect("a terminal state");
+    assert_eq!(end.state(), pb::CommandState::Exited, "{end:?}");
     t.elapsed()
 }
 

@@ -420,8 +420,8 @@ enum Api {
     Anthropic,
 }
 
-fn openai_to_request(body: &Value) -> byom_control_plane::model::Request {
-    use byom_control_plane::model::{Message, Request, ToolCall};
+fn openai_to_request(body: &Value) -> byom_agent::llm::Request {
+    use byom_agent::llm::{Message, Request, ToolCall};
     let mut req = Request::default();
     for m in body["messages"].as_array().cloned().unwrap_or_default() {
         let text = m["content"].as_str().unwrap_or("").to_string();
@@ -454,8 +454,8 @@ fn openai_to_request(body: &Value) -> byom_control_plane::model::Request {
     req
 }
 
-fn anthropic_to_request(body: &Value) -> byom_control_plane::model::Request {
-    use byom_control_plane::model::{Message, Request, ToolCall};
+fn anthropic_to_request(body: &Value) -> byom_agent::llm::Request {
+    use byom_agent::llm::{Message, Request, ToolCall};
     let mut req = Request {
         system: body["system"][0]["text"].as_str().unwrap_or("").to_string(),
         ..Default::default()
@@ -496,7 +496,7 @@ fn anthropic_to_request(body: &Value) -> byom_control_plane::model::Request {
     req
 }
 
-fn reply_body(api: Api, resp: &byom_control_plane::model::Response) -> String {
+fn reply_body(api: Api, resp: &byom_agent::llm::Response) -> String {
     let u = &resp.usage;
     match api {
         Api::OpenAi => {
@@ -547,7 +547,7 @@ impl FakeProvider {
         let auth_ok = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let (c2, a2) = (calls.clone(), auth_ok.clone());
         std::thread::spawn(move || {
-            let model = byom_control_plane::model::Scripted::default();
+            let model = byom_agent::scripted::Scripted::default();
             for conn in l.incoming() {
                 let Ok(conn) = conn else { return };
                 let mut r = BufReader::new(conn.try_clone().unwrap());

@@ -6,8 +6,9 @@
 //! run: the server and the daemon each keep their own logic, and only the
 //! byte-level plumbing is here so both speak it identically.
 //!
-//! Key items: [`read_frame`], [`write_frame`], [`write_atomic`], [`sha256`],
-//! [`hostname`], [`now_ms`].
+//! Key items: [`read_frame`], [`write_frame`], [`write_atomic`],
+//! [`load_or_create_key`], [`shutdown_signal`], [`sha256`], [`hostname`],
+//! [`now_ms`].
 
 mod frames;
 pub mod tunnel;
@@ -89,6 +90,50 @@ pub fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
+/// Bytes of randomness in a key [`load_or_create_key`] makes.
+pub const KEY_BYTES: usize = 32;
+
+/// A secret key kept in `path`: read if it holds one, else made (random,
+/// written hex-encoded, owner-only). Keys written raw by older versions are
+/// read as they are.
+pub fn load_or_create_key(path: &Path) -> std::io::Result<Vec<u8>> {
+    if let Ok(k) = std::fs::read(path) {
+        let text = k.strip_suffix(b"\n").unwrap_or(&k);
+        if text.len() >= 2 * KEY_BYTES && text.iter().all(u8::is_ascii_hexdigit) {
+            return Ok(text.to_vec());
+        }
+        if k.len() >= KEY_BYTES {
+            return Ok(k);
+        }
+    }
+    let mut raw = [0u8; KEY_BYTES];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw)
+        .map_err(|_| std::io::Error::other("no randomness"))?;
+    let key = hex(&raw);
+    write_atomic(path, format!("{key}\n").as_bytes(), 0o600)?;
+    Ok(key.into_bytes())
+}
+
+/// Resolves when the process is asked to stop: SIGTERM or SIGINT (Ctrl-C
+/// where there are no Unix signals).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -106,6 +151,22 @@ mod tests {
                 0o600
             );
         }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn keys_are_made_once_and_old_raw_ones_still_read() {
+        let dir = std::env::temp_dir().join(format!("byom-wire-key-{}", std::process::id()));
+        let p = dir.join("k.key");
+        let a = super::load_or_create_key(&p).unwrap();
+        assert_eq!(a.len(), 2 * super::KEY_BYTES);
+        assert_eq!(super::load_or_create_key(&p).unwrap(), a);
+        let raw = [7u8; 32];
+        std::fs::write(&p, raw).unwrap();
+        assert_eq!(super::load_or_create_key(&p).unwrap(), raw);
+        std::fs::write(&p, b"short").unwrap();
+        let fresh = super::load_or_create_key(&p).unwrap();
+        assert_ne!(fresh, b"short");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -1,0 +1,435 @@
+//! The Router: one long-lived session that takes every queued item at once
+//! each turn, talks to people (replies shaped by their channel's norms),
+//! hands out work and routes threads. It has no tool that runs anything:
+//! [`Core::router_tool`] dispatches only its own names, whatever the model
+//! asks for.
+
+use serde_json::Value;
+
+use super::ROUTER_FAILURES_BEFORE_NOTICE;
+use super::{backoff, markup, push_bounded, Core, CHAT_SOURCES, MAX_ACTIVE_WORKERS};
+use super::{MAX_OBSERVED, MAX_REPLY_CHARS, MAX_TOOL_CALLS_PER_REPLY};
+use crate::budgets::ROUTER_TURN_STRIDE;
+use crate::event::{Effect, Reply, RouterItem, SessionKind, TriggerInfo};
+use crate::llm::{Message, Request, Response, Role, ToolCall};
+use crate::prompt::{self, compact};
+use crate::state::{ApprovalState, WorkerStatus};
+use crate::storage::keys::ROUTER;
+use crate::world::World;
+use byom_protocol::id::Kind;
+
+impl Core {
+    pub(super) fn on_trigger(&mut self, t: TriggerInfo) {
+        let open_approval = self
+            .records
+            .approvals()
+            .values()
+            .any(|a| a.thread == t.thread && a.state == ApprovalState::Open);
+        let subs: Vec<String> = self
+            .records
+            .router()
+            .subs
+            .get(&t.thread)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        let pass_through = self.pass_through;
+        let r = self.records.router_mut();
+        r.stats.events += 1;
+        // An open approval's answer is the Router's to take; otherwise a
+        // subscribed thread goes straight to its workers.
+        if subs.is_empty() || open_approval || !pass_through {
+            push_bounded(r, RouterItem::Trigger(t));
+            return;
+        }
+        r.stats.passed_through += 1;
+        r.observed.push_back(markup::observed(&t, &subs));
+        while r.observed.len() > MAX_OBSERVED {
+            r.observed.pop_front();
+        }
+        let line = markup::trigger(&t, self.budgets.trigger_chars);
+        for w in &subs {
+            self.worker_input(w, line.clone());
+        }
+    }
+
+    pub(super) fn start_router_turn(&mut self, world: &mut dyn World) {
+        let policies = world.policies();
+        let machines = world.machines();
+        let approvals: String = self
+            .records
+            .approvals()
+            .values()
+            .filter(|a| a.state == ApprovalState::Open)
+            .map(markup::approval)
+            .collect();
+        let n = self.budgets.max_batch.max(1);
+        let budgets = &self.budgets;
+        let r = self.records.router_mut();
+        let items: Vec<RouterItem> = r.queue.take_front(n);
+        let mut text = String::new();
+        if policies != r.policies_shown {
+            text.push_str("Policies now in force:\n");
+            if policies.is_empty() {
+                text.push_str("(none)\n");
+            }
+            for p in &policies {
+                text.push_str(&format!("- {}\n", prompt::escape(p)));
+            }
+            r.policies_shown = policies;
+        }
+        if machines != r.machines_shown {
+            text.push_str("Machines:\n");
+            for m in &machines {
+                text.push_str(&format!("- {m}\n"));
+            }
+            r.machines_shown = machines;
+        }
+        if !r.observed.is_empty() {
+            text.push_str("Seen on subscribed threads (handled by workers):\n");
+            for o in r.observed.drain(..) {
+                text.push_str(&format!("- {o}\n"));
+            }
+        }
+        if !approvals.is_empty() {
+            text.push_str("Open approvals:\n");
+            text.push_str(&approvals);
+        }
+        let mut shown: Vec<String> = Vec::new();
+        for t in items.iter().filter_map(markup::item_thread) {
+            if shown.contains(&t) {
+                continue;
+            }
+            if let Some(s) = r.subs.get(&t).filter(|s| !s.is_empty()) {
+                let ws: Vec<String> = s.iter().cloned().collect();
+                text.push_str(&markup::subs(&t, &ws));
+                shown.push(t);
+            }
+        }
+        text.push_str(&format!("New events ({}):\n", items.len()));
+        for it in &items {
+            text.push_str(&markup::router_item(it, budgets));
+            text.push('\n');
+        }
+        r.conversation.push(Message::user(text));
+        r.turn_items = items;
+        r.turn += 1;
+        r.steps = 0;
+        r.stats.turns += 1;
+        if let Some(n) = compact(&mut r.conversation, budgets.router_context_tokens) {
+            r.dropped_turns += n;
+        }
+        self.issue_router_call();
+    }
+
+    pub(super) fn router_call(&self, turn: u64) -> Effect {
+        Effect::CallModel {
+            session: ROUTER.into(),
+            kind: SessionKind::Router,
+            turn,
+            request: Request {
+                system: prompt::ROUTER_SYSTEM.into(),
+                messages: self.records.router().conversation.messages().to_vec(),
+                tools: prompt::router_tools(),
+                max_tokens: self.budgets.max_output_tokens,
+            },
+        }
+    }
+
+    fn issue_router_call(&mut self) {
+        let r = self.records.router_mut();
+        let turn = r.turn * ROUTER_TURN_STRIDE + u64::from(r.steps);
+        r.steps += 1;
+        r.stats.model_calls += 1;
+        r.in_flight = Some(turn);
+        let e = self.router_call(turn);
+        self.out.push(e);
+    }
+
+    pub(super) fn router_model_done(
+        &mut self,
+        world: &mut dyn World,
+        turn: u64,
+        result: Result<Response, String>,
+    ) {
+        if self.records.router().in_flight != Some(turn) {
+            return;
+        }
+        let now = self.now;
+        let r = self.records.router_mut();
+        r.in_flight = None;
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(e) => {
+                // Never drop triggers: put the turn back and try later.
+                tracing::warn!("router model call failed: {e}");
+                r.failures += 1;
+                if r.steps <= 1 {
+                    if r.conversation.last().is_some_and(|m| m.role == Role::User) {
+                        r.conversation.pop();
+                    }
+                    for it in std::mem::take(&mut r.turn_items).into_iter().rev() {
+                        r.queue.push_front(it);
+                    }
+                }
+                r.retry_at = Some(now + backoff(r.failures));
+                if r.failures == ROUTER_FAILURES_BEFORE_NOTICE {
+                    self.model_down_notice(world, &e);
+                }
+                return;
+            }
+        };
+        r.failures = 0;
+        r.stats.usage += resp.usage;
+        r.conversation.push(Message::assistant(
+            resp.text.clone(),
+            resp.tool_calls.clone(),
+        ));
+        if resp.tool_calls.is_empty() {
+            r.turn_items.clear();
+            return;
+        }
+        for (i, call) in resp.tool_calls.iter().enumerate() {
+            self.records.router_mut().stats.decisions += 1;
+            let result = if i < MAX_TOOL_CALLS_PER_REPLY {
+                self.router_tool(world, call)
+            } else {
+                Err(format!(
+                    "at most {MAX_TOOL_CALLS_PER_REPLY} tool calls per reply are acted on"
+                ))
+            };
+            let out = result.unwrap_or_else(|e| format!("error: {e}"));
+            self.records
+                .router_mut()
+                .conversation
+                .push(Message::tool_result(call.id.clone(), out));
+        }
+        if self.records.router().steps < self.budgets.max_router_steps {
+            self.issue_router_call();
+        } else {
+            self.records.router_mut().turn_items.clear();
+        }
+    }
+
+    /// The watchdog's voice when the Router's model is down: everyone who
+    /// addressed the agent hears that their message is queued, once per
+    /// outage.
+    fn model_down_notice(&mut self, world: &mut dyn World, err: &str) {
+        let mut threads: Vec<String> = self
+            .records
+            .router()
+            .queue
+            .iter()
+            .filter_map(|it| match it {
+                RouterItem::Trigger(t) if t.mention => Some(t.thread.clone()),
+                _ => None,
+            })
+            .collect();
+        threads.sort();
+        threads.dedup();
+        let why: String = err.chars().take(120).collect();
+        for t in threads {
+            let text = format!(
+                "I can't reach my model right now ({why}). Your message is queued; I'll answer when it's back."
+            );
+            if let Ok(r) = self.reply(world, &t, &text, "delayed") {
+                self.out.push(Effect::Reply(r));
+            }
+        }
+    }
+
+    fn router_tool(&mut self, world: &mut dyn World, call: &ToolCall) -> Result<String, String> {
+        let a = &call.arguments;
+        match call.name.as_str() {
+            "create_worker" => {
+                let task = str_arg(a, "task")?;
+                let threads: Vec<String> = a
+                    .get("threads")
+                    .and_then(Value::as_array)
+                    .map(|v| {
+                        v.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let machine = opt_str(a, "machine").unwrap_or_default();
+                let labels = a
+                    .get("labels")
+                    .and_then(Value::as_object)
+                    .map(|m| {
+                        m.iter()
+                            .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let subscribe = a.get("subscribe").and_then(Value::as_bool).unwrap_or(true);
+                self.room_for_worker()?;
+                let id = self.new_worker(world, None, task, threads.clone(), machine, labels);
+                if subscribe {
+                    for t in &threads {
+                        self.subscribe(t, &id);
+                    }
+                }
+                Ok(format!("created {id}"))
+            }
+            "reply" => {
+                let thread = str_arg(a, "thread")?;
+                let text = str_arg(a, "text")?;
+                let status = a.get("status").and_then(Value::as_str).unwrap_or("");
+                let r = self.reply(world, &thread, &text, status)?;
+                let id = r.id.clone();
+                self.out.push(Effect::Reply(r));
+                Ok(format!("posted {id}"))
+            }
+            "subscribe" => {
+                let w = str_arg(a, "worker")?;
+                let t = str_arg(a, "thread")?;
+                self.live_worker(&w)?;
+                self.subscribe(&t, &w);
+                Ok(format!("{w} now receives {t}"))
+            }
+            "unsubscribe" => {
+                let w = str_arg(a, "worker")?;
+                let t = str_arg(a, "thread")?;
+                self.unsubscribe(&t, &w);
+                Ok(format!("{w} no longer receives {t}"))
+            }
+            "cancel_worker" => {
+                let w = str_arg(a, "worker")?;
+                self.live_worker(&w)?;
+                let reason =
+                    opt_str(a, "reason").unwrap_or_else(|| "cancelled by the router".into());
+                // The Router decided this itself: no report back to it.
+                self.finish_worker(world, &w, WorkerStatus::Cancelled, &reason, false);
+                Ok(format!("cancelled {w}"))
+            }
+            "answer" => {
+                let apr = str_arg(a, "approval")?;
+                let approved = a
+                    .get("approved")
+                    .and_then(Value::as_bool)
+                    .ok_or("approved must be true or false")?;
+                let answer = a.get("answer").cloned().unwrap_or(Value::Null);
+                self.answer(&apr, approved, answer, "router")?;
+                Ok(format!(
+                    "{apr} {}",
+                    if approved { "approved" } else { "denied" }
+                ))
+            }
+            "ignore" => Ok("ignored".into()),
+            "recall" => self.recall(world, &str_arg(a, "id")?, 0),
+            "read" => {
+                let off = a.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
+                self.recall(world, &str_arg(a, "id")?, off)
+            }
+            other => Err(format!(
+                "the router has no tool {other:?}; it cannot run commands or code, only hand out work"
+            )),
+        }
+    }
+
+    /// Idle workers (done, listening) do not count: they cost no model
+    /// calls and retire on their own.
+    pub(super) fn room_for_worker(&self) -> Result<(), String> {
+        let active = self
+            .records
+            .workers()
+            .values()
+            .filter(|w| matches!(w.status, WorkerStatus::Running | WorkerStatus::Waiting))
+            .count();
+        if active >= MAX_ACTIVE_WORKERS {
+            return Err(format!(
+                "{active} workers are busy (limit {MAX_ACTIVE_WORKERS}); wait or cancel some"
+            ));
+        }
+        Ok(())
+    }
+
+    fn live_worker(&self, w: &str) -> Result<(), String> {
+        match self.records.worker(w) {
+            Some(x) if !x.status.is_closed() => Ok(()),
+            Some(x) => Err(format!("{w} is {}", x.status.name())),
+            None => Err(format!("no worker {w}")),
+        }
+    }
+
+    pub(super) fn subscribe(&mut self, thread: &str, worker: &str) {
+        self.records
+            .router_mut()
+            .subs
+            .entry(thread.to_string())
+            .or_default()
+            .insert(worker.to_string());
+        if let Some(w) = self.records.worker_mut(worker) {
+            if !w.threads.iter().any(|t| t == thread) {
+                w.threads.push(thread.to_string());
+            }
+        }
+    }
+
+    pub(super) fn unsubscribe(&mut self, thread: &str, worker: &str) {
+        let r = self.records.router_mut();
+        if let Some(s) = r.subs.get_mut(thread) {
+            s.remove(worker);
+            if s.is_empty() {
+                r.subs.remove(thread);
+            }
+        }
+    }
+
+    /// A reply, shaped by its channel's norms: chat gets at most
+    /// `chat_reply_words` words (enforced here, not asked for); other
+    /// channels get a structured message.
+    pub(super) fn reply(
+        &mut self,
+        world: &mut dyn World,
+        thread: &str,
+        text: &str,
+        status: &str,
+    ) -> Result<Reply, String> {
+        let source = world
+            .thread_source(thread)
+            .ok_or_else(|| format!("no thread {thread}; reply on a thread from an event"))?;
+        let text = prompt::spill(text, MAX_REPLY_CHARS, thread);
+        let text = if CHAT_SOURCES.contains(&source.as_str()) {
+            prompt::limit_words(
+                &text,
+                self.budgets.chat_reply_words,
+                &format!("byom threads show {thread}"),
+            )
+        } else {
+            let status = if status.is_empty() { "update" } else { status };
+            let workers: Vec<String> = self
+                .records
+                .router()
+                .subs
+                .get(thread)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            format!(
+                "**byom — {status}**\n\n{}\n\n— thread {thread}{}",
+                text.trim(),
+                if workers.is_empty() {
+                    String::new()
+                } else {
+                    format!(", workers {}", workers.join(", "))
+                }
+            )
+        };
+        self.records.router_mut().stats.replies += 1;
+        Ok(Reply {
+            id: world.new_id(Kind::Trigger),
+            thread: thread.to_string(),
+            source,
+            text,
+        })
+    }
+}
+
+pub(super) fn str_arg(a: &Value, k: &str) -> Result<String, String> {
+    opt_str(a, k).ok_or_else(|| format!("missing string argument {k:?}"))
+}
+
+pub(super) fn opt_str(a: &Value, k: &str) -> Option<String> {
+    a.get(k).and_then(Value::as_str).map(str::to_string)
+}

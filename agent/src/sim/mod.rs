@@ -1,0 +1,462 @@
+//! Simulated time: the same [`Core`] the server runs, driven by a virtual
+//! clock and an event heap instead of sockets and sleeps. The scripted
+//! model answers with its latency model (time advances, nobody waits),
+//! machines are simulated (a command takes `command_ms` and echoes), and
+//! programs run in whatever [`Programs`] the caller gives: the real
+//! interpreter in the server's tests, [`ScriptedPrograms`] here. After every
+//! step the core's invariants are checked; optionally the core crashes and
+//! is rebuilt from what it wrote. The same seed replays the same run.
+
+mod scripted_programs;
+mod workload;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use byom_protocol::id::Kind;
+use serde::Serialize;
+
+pub use scripted_programs::ScriptedPrograms;
+pub use workload::{day, Rng};
+
+use crate::budgets::Budgets;
+use crate::core::Core;
+use crate::event::{CommandResult, Effect, Event, SessionKind, TriggerInfo};
+use crate::llm::Usage;
+use crate::programs::{ProgramStep, Programs};
+use crate::scripted::{Latency, Scripted};
+use crate::state::WorkerStatus;
+use crate::world::{TestWorld, World};
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub latency: Latency,
+    /// How long a simulated command runs.
+    pub command_ms: u64,
+    /// Triggers on subscribed threads go straight to their workers.
+    pub pass_through: bool,
+    pub budgets: Budgets,
+    /// Machines that exist (names).
+    pub machines: Vec<String>,
+    /// Crash after every this many steps (0: never): the core is rebuilt
+    /// from its persisted records, everything in memory (model replies,
+    /// command ends, program steps in flight) is lost, and
+    /// `resume_effects` must bring it all back.
+    pub crash_every: u64,
+    /// Serialize every changed record after each step, as the driver does
+    /// before writing it (implied by `crash_every`).
+    pub persist: bool,
+    /// Check the core's invariants after every step (off only to measure
+    /// the core alone: the check reads every record).
+    pub check_invariants: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            latency: Latency {
+                base: Duration::from_millis(400),
+                per_input_token: Duration::from_micros(20),
+                per_output_token: Duration::from_millis(8),
+            },
+            command_ms: 1500,
+            pass_through: true,
+            budgets: Budgets::default(),
+            machines: vec!["lap".into(), "ci".into()],
+            crash_every: 0,
+            persist: false,
+            check_invariants: true,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SimReport {
+    pub triggers: usize,
+    pub replies: usize,
+    pub tasks: usize,
+    pub tasks_finished: usize,
+    pub tasks_unfinished: Vec<String>,
+    pub subagents: usize,
+    pub router_turns: u64,
+    pub router_model_calls: u64,
+    pub router_decisions: u64,
+    pub passed_through: u64,
+    pub worker_model_calls: u64,
+    pub router_usage: Usage,
+    pub worker_usage: Usage,
+    /// Distinct commands the simulated machines ran.
+    pub commands: usize,
+    pub programs: usize,
+    pub simulated_ms: u64,
+    pub wall_ms: f64,
+    /// Wall time spent inside the scripted model (the rest is the core and
+    /// the interpreter).
+    pub model_ms: f64,
+    /// Median time from a message to the agent's next reply on its thread.
+    pub reply_p50_ms: u64,
+    /// Median time from a request (a message with a `command`) to the
+    /// reply carrying its result.
+    pub result_p50_ms: u64,
+    /// Simulated time spent waiting on the model, summed over all calls.
+    pub model_latency_ms: u64,
+    pub quiescent: bool,
+    pub crashes: u64,
+    /// Router turns dropped to fit the context budget.
+    pub router_dropped_turns: u64,
+    /// Snapshots the interpreter still keeps at the end (none should leak).
+    pub snapshots_left: usize,
+}
+
+/// Why a simulation stopped short.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("after step {step} ({event}): invariant broken: {why}")]
+    Invariant {
+        step: u64,
+        event: String,
+        why: String,
+    },
+    #[error("after the crash at step {step}, the state did not reload: {why}")]
+    Reload { step: u64, why: String },
+}
+
+/// Simulated steps at most (a runaway loop stops here, not the machine).
+const MAX_STEPS: u64 = 10_000_000;
+/// Simulated time at most: a week.
+const MAX_SIMULATED_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// Events waiting for their simulated time, in time order (ties in the
+/// order they were scheduled).
+#[derive(Default)]
+struct Agenda {
+    heap: BinaryHeap<Reverse<(u64, u64)>>,
+    events: HashMap<u64, Event>,
+    seq: u64,
+}
+
+impl Agenda {
+    fn at(&mut self, t: u64, ev: Event) {
+        self.seq += 1;
+        self.events.insert(self.seq, ev);
+        self.heap.push(Reverse((t, self.seq)));
+    }
+    fn next(&mut self) -> Option<(u64, Event)> {
+        loop {
+            let Reverse((t, seq)) = self.heap.pop()?;
+            if let Some(ev) = self.events.remove(&seq) {
+                return Some((t, ev));
+            }
+        }
+    }
+    /// A crash loses everything in flight but people's messages.
+    fn crash(&mut self) {
+        self.events.retain(|_, e| matches!(e, Event::Trigger(_)));
+    }
+}
+
+/// Replays `events` in simulated time until everything settles (or a
+/// simulated week passes).
+pub async fn run<P: Programs>(
+    events: Vec<(u64, TriggerInfo)>,
+    cfg: &SimConfig,
+    programs: &mut P,
+) -> Result<SimReport, SimError> {
+    Ok(run_with_core(events, cfg, programs).await?.0)
+}
+
+/// Like [`run`], also returning the final state (for measuring it).
+pub async fn run_with_core<P: Programs>(
+    events: Vec<(u64, TriggerInfo)>,
+    cfg: &SimConfig,
+    programs: &mut P,
+) -> Result<(SimReport, Core), SimError> {
+    let started = Instant::now();
+    let mut core = Core::new(cfg.budgets.clone());
+    core.pass_through = cfg.pass_through;
+    let model = Scripted::new(cfg.latency);
+    let mut world = TestWorld::default();
+    world.policies = vec!["ignore anything about \"standup\"".into()];
+    world.machines = cfg.machines.clone();
+    let mut agenda = Agenda::default();
+    let mut asked_at: BTreeMap<String, u64> = BTreeMap::new();
+    let mut reply_lat: Vec<u64> = Vec::new();
+    let mut requested_at: BTreeMap<String, u64> = BTreeMap::new();
+    let mut result_lat: Vec<u64> = Vec::new();
+    let mut report = SimReport::default();
+    for (at, t) in events {
+        report.triggers += 1;
+        agenda.at(at, Event::Trigger(t));
+    }
+    // What the store would hold: every record as last committed.
+    let mut persisted: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    // The simulated machines: command → when it ends (they outlive crashes).
+    let mut machine_cmds: HashMap<String, u64> = HashMap::new();
+    let mut steps = 0u64;
+    while let Some((at, ev)) = agenda.next() {
+        steps += 1;
+        if at > MAX_SIMULATED_MS || steps > MAX_STEPS {
+            break;
+        }
+        world.now = world.now.max(at);
+        if let Event::Trigger(t) = &ev {
+            world.saw(t);
+            asked_at.entry(t.thread.clone()).or_insert(world.now);
+            if t.text.contains('`') {
+                requested_at.entry(t.thread.clone()).or_insert(world.now);
+            }
+        }
+        let summary = ev.summary();
+        let mut fx = core.handle(&mut world, ev);
+        if cfg.check_invariants {
+            core.check_invariants().map_err(|why| SimError::Invariant {
+                step: steps,
+                event: summary,
+                why,
+            })?;
+        }
+        // What the driver writes after the step.
+        let writes = core.take_writes();
+        if cfg.persist || cfg.crash_every > 0 {
+            for (k, v) in writes {
+                match v {
+                    Some(v) => persisted.insert(k, v),
+                    None => persisted.remove(&k),
+                };
+            }
+        }
+        if cfg.crash_every > 0 && steps.is_multiple_of(cfg.crash_every) {
+            // Replies were committed with the step; the rest is lost.
+            fx.retain(|e| matches!(e, Effect::Reply(_)));
+            report.crashes += 1;
+            agenda.crash();
+            let (fresh, errors) = Core::rebuild_from_image(cfg.budgets.clone(), &persisted, false);
+            if !errors.is_empty() {
+                return Err(SimError::Reload {
+                    step: steps,
+                    why: errors.join("; "),
+                });
+            }
+            core = fresh;
+            core.pass_through = cfg.pass_through;
+            core.check_invariants().map_err(|why| SimError::Invariant {
+                step: steps,
+                event: "reload".into(),
+                why,
+            })?;
+            fx.extend(core.resume_effects());
+        }
+        for e in fx {
+            match e {
+                Effect::CallModel {
+                    session,
+                    turn,
+                    request,
+                    kind,
+                } => {
+                    let m0 = Instant::now();
+                    let (resp, latency) = model.respond(&request);
+                    report.model_ms += m0.elapsed().as_secs_f64() * 1000.0;
+                    report.model_latency_ms += latency.as_millis() as u64;
+                    if kind == SessionKind::Worker {
+                        report.worker_model_calls += 1;
+                        report.worker_usage += resp.usage;
+                    }
+                    agenda.at(
+                        world.now + latency.as_millis() as u64,
+                        Event::ModelDone {
+                            session,
+                            turn,
+                            result: Ok(resp),
+                        },
+                    );
+                }
+                Effect::StartCommand {
+                    worker,
+                    cmd,
+                    machine,
+                    command,
+                    ..
+                } => {
+                    // A restart asks again for commands it already started:
+                    // the machine keeps running the one it has.
+                    let done_at = match machine_cmds.get(&cmd) {
+                        Some(t) => (*t).max(world.now),
+                        None => {
+                            report.commands += 1;
+                            let t = world.now + cfg.command_ms;
+                            machine_cmds.insert(cmd.clone(), t);
+                            t
+                        }
+                    };
+                    let stdout = match command.strip_prefix("echo ") {
+                        Some(rest) => format!("{rest}\n"),
+                        None => format!("(simulated output of `{command}` on {machine})\n"),
+                    };
+                    let result = CommandResult {
+                        state: "exited".into(),
+                        exit_code: Some(0),
+                        stdout,
+                        stderr: String::new(),
+                        duration_ms: cfg.command_ms,
+                        reason: String::new(),
+                    };
+                    agenda.at(
+                        done_at,
+                        Event::CommandDone {
+                            worker,
+                            cmd,
+                            result,
+                        },
+                    );
+                }
+                Effect::StopCommand { cmd, reason } => {
+                    let worker = core
+                        .workers()
+                        .iter()
+                        .find(|(_, w)| w.commands.contains_key(&cmd))
+                        .map(|(k, _)| k.clone())
+                        .unwrap_or_default();
+                    let result = CommandResult {
+                        state: "cancelled".into(),
+                        exit_code: None,
+                        stdout: String::new(),
+                        stderr: String::new(),
+                        duration_ms: 0,
+                        reason,
+                    };
+                    agenda.at(
+                        world.now,
+                        Event::CommandDone {
+                            worker,
+                            cmd,
+                            result,
+                        },
+                    );
+                }
+                Effect::RunJs {
+                    worker,
+                    run,
+                    code,
+                    clock_ms,
+                } => {
+                    report.programs += 1;
+                    let step = ProgramStep::Run { code, clock_ms };
+                    let snp = world.new_id(Kind::Snapshot);
+                    let outcome = programs.step(step, snp).await;
+                    agenda.at(
+                        world.now,
+                        Event::JsDone {
+                            worker,
+                            run,
+                            outcome,
+                        },
+                    );
+                }
+                Effect::ResumeJs {
+                    worker,
+                    run,
+                    snapshot,
+                    call,
+                    result,
+                } => {
+                    let step = ProgramStep::Resume {
+                        snapshot,
+                        call,
+                        result,
+                    };
+                    let snp = world.new_id(Kind::Snapshot);
+                    let outcome = programs.step(step, snp).await;
+                    agenda.at(
+                        world.now,
+                        Event::JsDone {
+                            worker,
+                            run,
+                            outcome,
+                        },
+                    );
+                }
+                Effect::DropSnapshot { snapshot } => programs.drop_snapshot(&snapshot),
+                Effect::Reply(r) => {
+                    report.replies += 1;
+                    if let Some(t0) = asked_at.remove(&r.thread) {
+                        reply_lat.push(world.now - t0);
+                    }
+                    if r.text.starts_with("Done:") {
+                        if let Some(t0) = requested_at.remove(&r.thread) {
+                            result_lat.push(world.now - t0);
+                        }
+                    }
+                    // A question is answered by its asker a minute later.
+                    if r.text.starts_with("Approval needed") {
+                        let answer = TriggerInfo {
+                            id: format!("trg_ans{}", report.replies),
+                            thread: r.thread.clone(),
+                            source: r.source.clone(),
+                            user: "ada".into(),
+                            text: "yes, go ahead".into(),
+                            mention: false,
+                        };
+                        agenda.at(world.now + 60_000, Event::Trigger(answer));
+                    }
+                }
+            }
+        }
+    }
+    report.simulated_ms = world.now;
+    report.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let r = core.router();
+    report.router_turns = r.stats.turns;
+    report.router_model_calls = r.stats.model_calls;
+    report.router_decisions = r.stats.decisions;
+    report.passed_through = r.stats.passed_through;
+    report.router_usage = r.stats.usage;
+    report.router_dropped_turns = r.dropped_turns;
+    for w in core.workers().values() {
+        if w.parent.is_some() {
+            report.subagents += 1;
+            continue;
+        }
+        report.tasks += 1;
+        let finished = matches!(
+            w.status,
+            WorkerStatus::Idle
+                | WorkerStatus::Done
+                | WorkerStatus::Cancelled
+                | WorkerStatus::Failed
+        ) && w.in_flight.is_none()
+            && w.inbox.is_empty();
+        if finished {
+            report.tasks_finished += 1;
+        } else {
+            report
+                .tasks_unfinished
+                .push(format!("{} ({})", w.id, w.status.name()));
+        }
+    }
+    reply_lat.sort_unstable();
+    report.reply_p50_ms = reply_lat.get(reply_lat.len() / 2).copied().unwrap_or(0);
+    result_lat.sort_unstable();
+    report.result_p50_ms = result_lat.get(result_lat.len() / 2).copied().unwrap_or(0);
+    report.quiescent = core.quiescent();
+    report.snapshots_left = programs.snapshots();
+    Ok((report, core))
+}
+
+/// Runs a future that never waits on anything outside itself (a
+/// simulation with [`ScriptedPrograms`]) to its end on this thread, without
+/// an async runtime. Panics if it does wait: that future needs a runtime.
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // A future that is ready in principle may still yield a few times.
+    for _ in 0..1_000_000 {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+    panic!("block_on: the future waits on something outside itself; run it in an async runtime")
+}

@@ -1,0 +1,162 @@
+//! How a client finds and talks to the admin API: credentials discovery
+//! (`--creds`, `BYOM_CREDS`, the local data dir), TLS 1.3 with the admin's
+//! certificate against the server's private CA, and a tonic channel.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::proto::admin_client::AdminClient;
+
+pub type Client = AdminClient<Channel>;
+
+/// How long connecting to the API may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no admin credentials in {} (missing {missing}): run `byom server` on this machine first, or pass --creds DIR (or BYOM_CREDS) pointing to a copy of <data-dir>/admin", dir.display())]
+    NoCredentials {
+        dir: PathBuf,
+        missing: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {reason}; pass --api HOST:PORT", path.display())]
+    BadApiFile { path: PathBuf, reason: String },
+    #[error("bad admin credentials in {}: {reason}", dir.display())]
+    BadCredentials { dir: PathBuf, reason: String },
+    #[error("bad API address {0:?}: use HOST:PORT")]
+    BadAddress(String),
+    #[error("cannot reach the byom server API at {addr}: is `byom server` running?")]
+    Unreachable {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// Default data dir: `$BYOM_DATA_DIR`, else `$XDG_DATA_HOME/byom`, else
+/// `~/.local/share/byom`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("BYOM_DATA_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
+        return PathBuf::from(d).join("byom");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return PathBuf::from(h).join(".local/share/byom");
+    }
+    PathBuf::from("byom-data")
+}
+
+/// An admin's credentials and where the API listens.
+pub struct Creds {
+    pub dir: PathBuf,
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub api_addr: String,
+}
+
+fn read(dir: &Path, name: &'static str) -> Result<String, ClientError> {
+    std::fs::read_to_string(dir.join(name)).map_err(|source| ClientError::NoCredentials {
+        dir: dir.to_path_buf(),
+        missing: name,
+        source,
+    })
+}
+
+/// Credentials from `creds` (else `<default data dir>/admin`); the API
+/// address from `api`, else from the credentials' `api.json`.
+pub fn load_creds(creds: Option<&Path>, api: Option<&str>) -> Result<Creds, ClientError> {
+    let dir = match creds {
+        Some(d) => d.to_path_buf(),
+        None => default_data_dir().join("admin"),
+    };
+    let api_addr = match api {
+        Some(a) => a.to_string(),
+        None => {
+            let j = read(&dir, "api.json")?;
+            let path = dir.join("api.json");
+            let v: serde_json::Value =
+                serde_json::from_str(&j).map_err(|e| ClientError::BadApiFile {
+                    path: path.clone(),
+                    reason: format!("not valid JSON ({e})"),
+                })?;
+            v["api_addr"]
+                .as_str()
+                .ok_or(ClientError::BadApiFile {
+                    path,
+                    reason: "no api_addr".into(),
+                })?
+                .to_string()
+        }
+    };
+    Ok(Creds {
+        ca_pem: read(&dir, "ca.pem")?,
+        cert_pem: read(&dir, "admin.pem")?,
+        key_pem: read(&dir, "admin.key")?,
+        api_addr,
+        dir,
+    })
+}
+
+/// TLS 1.3 with the admin certificate, trusting only the server's CA.
+fn tls_config(creds: &Creds) -> Result<rustls::ClientConfig, ClientError> {
+    let bad = |reason: String| ClientError::BadCredentials {
+        dir: creds.dir.clone(),
+        reason,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = CertificateDer::from_pem_slice(creds.ca_pem.as_bytes())
+        .map_err(|e| bad(format!("ca.pem: {e}")))?;
+    roots.add(ca).map_err(|e| bad(format!("ca.pem: {e}")))?;
+    let cert = CertificateDer::from_pem_slice(creds.cert_pem.as_bytes())
+        .map_err(|e| bad(format!("admin.pem: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(creds.key_pem.as_bytes())
+        .map_err(|e| bad(format!("admin.key: {e}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| bad(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![cert], key)
+        .map_err(|e| bad(e.to_string()))?;
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(cfg)
+}
+
+/// A client connected to the API (the connection is checked now).
+pub async fn connect(creds: &Creds) -> Result<Client, ClientError> {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_config(creds)?));
+    let addr = creds.api_addr.clone();
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|_| ClientError::BadAddress(addr.clone()))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_| {
+            let connector = connector.clone();
+            let addr = addr.clone();
+            async move {
+                let tcp = tokio::net::TcpStream::connect(&addr).await?;
+                tcp.set_nodelay(true)?;
+                let name = ServerName::try_from(byom_protocol::SERVER_NAME)
+                    .map_err(std::io::Error::other)?;
+                let tls = connector.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(tls))
+            }
+        }))
+        .await
+        .map_err(|source| ClientError::Unreachable {
+            addr: creds.api_addr.clone(),
+            source,
+        })?;
+    Ok(AdminClient::new(channel)
+        .max_decoding_message_size(byom_protocol::limits::MAX_FRAME_BYTES * 4))
+}

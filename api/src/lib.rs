@@ -1,0 +1,23 @@
+//! byom's admin API, an API boundary: the gRPC service generated from
+//! `protocol/proto/admin.proto` ([`proto`], client and server stubs), the
+//! client the CLI and integrations use ([`client`]: credentials discovery,
+//! TLS with a personal admin certificate, connect) and [`watch_to_end`],
+//! the one way to follow a command until it ends.
+//!
+//! It must never know the server's implementation: the server depends on
+//! it for the service trait, never the other way round. Messages are
+//! `byom_protocol::pb`.
+//!
+//! Key types: [`Client`], [`Creds`], [`ClientError`], [`watch::Seen`].
+
+pub mod client;
+pub mod watch;
+
+/// Generated gRPC code (package `byom.admin.v1`).
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/byom.admin.v1.rs"));
+}
+
+pub use client::{connect, default_data_dir, load_creds, Client, ClientError, Creds};
+pub use watch::{watch_to_end, Seen, WatchError, WatchOptions};

@@ -1,0 +1,118 @@
+//! Following a command to its end: its output and state changes, in order,
+//! resuming from the offsets already seen when the server restarts under
+//! the watch (`WatchCommand` replays the store from any offset).
+
+use std::time::Duration;
+
+use byom_protocol::pb::{self, command_event::Event};
+
+use crate::Client;
+
+/// Pause between reconnect attempts while the server restarts.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
+
+/// What the watch saw, as it arrives.
+#[derive(Debug, Clone, Copy)]
+pub enum Seen<'a> {
+    Output(&'a pb::Output),
+    /// The command's record changed (the last one is terminal).
+    State(&'a pb::Command),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct WatchOptions {
+    /// Stop when nothing arrives for this long (for a running command's
+    /// output so far).
+    pub idle: Option<Duration>,
+    /// Reconnects allowed while the server is away (0: none).
+    pub reconnects: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error(transparent)]
+    Status(#[from] tonic::Status),
+    #[error("lost the server while waiting for {id}; see `byom commands show {id}`")]
+    Lost { id: String },
+}
+
+/// Whether a stream error means the server went away (worth a reconnect).
+fn server_gone(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::Cancelled
+    )
+}
+
+/// Follows command `id` until it ends, handing every output chunk and
+/// state change to `on`. Returns the terminal record, or `None` if the
+/// watch went idle first (see [`WatchOptions::idle`]) or the server went
+/// away with no reconnects allowed.
+pub async fn watch_to_end(
+    client: &mut Client,
+    id: &str,
+    opts: WatchOptions,
+    mut on: impl FnMut(Seen<'_>),
+) -> Result<Option<pb::Command>, WatchError> {
+    let mut offsets = [0u64, 0u64];
+    let mut reconnects = 0u32;
+    loop {
+        let started = client
+            .watch_command(pb::WatchCommandRequest {
+                id: id.to_string(),
+                stdout_offset: offsets[0],
+                stderr_offset: offsets[1],
+            })
+            .await;
+        let mut stream = match started {
+            Ok(s) => s.into_inner(),
+            Err(e) if e.code() == tonic::Code::Unavailable && reconnects < opts.reconnects => {
+                reconnects += 1;
+                tokio::time::sleep(RECONNECT_PAUSE).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // The server went away mid-stream (an end without a terminal state
+        // or a transport error): resume from our offsets.
+        loop {
+            let next = match opts.idle {
+                Some(d) => match tokio::time::timeout(d, stream.message()).await {
+                    Ok(m) => m,
+                    Err(_) => return Ok(None),
+                },
+                None => stream.message().await,
+            };
+            match next {
+                Ok(Some(ev)) => match ev.event {
+                    Some(Event::Output(o)) => {
+                        let i = usize::from(o.stream == pb::OutputStream::Stderr as i32);
+                        offsets[i] = o.offset + o.data.len() as u64;
+                        on(Seen::Output(&o));
+                    }
+                    Some(Event::State(c)) => {
+                        on(Seen::State(&c));
+                        if c.state().is_terminal() {
+                            return Ok(Some(c));
+                        }
+                    }
+                    None => {}
+                },
+                Ok(None) => break,
+                Err(e) if server_gone(&e) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if opts.reconnects == 0 {
+            return Ok(None);
+        }
+        reconnects += 1;
+        if reconnects > opts.reconnects {
+            return Err(WatchError::Lost { id: id.to_string() });
+        }
+        tokio::time::sleep(RECONNECT_PAUSE).await;
+    }
+}

@@ -1,0 +1,27 @@
+//! The agents' API: one `Agent(op, id, json)` call whose answers are the
+//! agents' own records as JSON (times in RFC 3339).
+
+use anyhow::Context;
+use byom_api::Client;
+use byom_protocol::pb;
+use serde_json::Value;
+
+pub async fn agent(c: &mut Client, op: &str, id: &str, body: Value) -> anyhow::Result<Value> {
+    let r = c
+        .agent(pb::AgentRequest {
+            op: op.into(),
+            id: id.into(),
+            json: if body.is_null() {
+                String::new()
+            } else {
+                body.to_string()
+            },
+        })
+        .await?
+        .into_inner();
+    serde_json::from_str(&r.json).context("the server sent a reply that is not JSON")
+}
+
+pub fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v.get(k).and_then(Value::as_str).unwrap_or("")
+}

@@ -1,0 +1,142 @@
+//! `byom chat`: talk to the agent on a chat thread from the terminal; its
+//! replies on that thread appear as they are posted.
+
+use std::io::Write;
+use std::time::Duration;
+
+use byom_api::Client;
+use byom_protocol::pb;
+
+#[derive(clap::Args, Debug)]
+pub struct ChatArgs {
+    /// The thread to talk on (the chat's own name for it).
+    #[arg(long, default_value = "general")]
+    pub thread: String,
+    /// Who you are on the channel.
+    #[arg(long, env = "USER", default_value = "me")]
+    pub user: String,
+    #[arg(long, default_value = "chat")]
+    pub source: String,
+    /// Send these messages instead of reading lines from stdin.
+    #[arg(short, long = "message")]
+    pub messages: Vec<String>,
+    /// After the last message, wait this long for replies.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+    /// Stop once this many replies arrived (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub replies: usize,
+}
+
+/// Bot lines `byom chat` keeps while it does not yet know its thread's ID.
+const CHAT_EARLY_REPLIES: usize = 256;
+
+/// `byom chat`: you type as a user on a thread; the agent's replies on that
+/// thread appear as they are posted.
+pub async fn run(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
+    let mut tail = c
+        .tail_triggers(pb::TailTriggersRequest {})
+        .await?
+        .into_inner();
+    let (thread_tx, mut thread_rx) = tokio::sync::watch::channel(String::new());
+    let max = a.replies;
+    let printer = tokio::spawn(async move {
+        let mut seen = 0usize;
+        // The thread's ID comes back with the first send, and a fast reply
+        // can arrive before it: keep the bot's lines until we know it.
+        let mut early: std::collections::VecDeque<pb::Trigger> = Default::default();
+        let mut thread = String::new();
+        let mut print = |t: &pb::Trigger| {
+            println!("byom: {}", t.text.replace('\n', "\n      "));
+            let _ = std::io::stdout().flush();
+            seen += 1;
+            max != 0 && seen >= max
+        };
+        loop {
+            tokio::select! {
+                m = tail.message() => {
+                    let Ok(Some(t)) = m else { return };
+                    if !(t.from_bot && t.user == "byom") {
+                        continue;
+                    }
+                    if thread.is_empty() {
+                        if early.len() >= CHAT_EARLY_REPLIES {
+                            early.pop_front();
+                        }
+                        early.push_back(t);
+                    } else if t.thread_id == thread && print(&t) {
+                        return;
+                    }
+                }
+                r = thread_rx.changed(), if thread.is_empty() => {
+                    if r.is_err() {
+                        // The sender is gone without a thread: nothing to show.
+                        return;
+                    }
+                    thread = thread_rx.borrow_and_update().clone();
+                    for t in early.drain(..) {
+                        if t.thread_id == thread && print(&t) {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    let interactive = a.messages.is_empty();
+    if interactive {
+        eprintln!(
+            "chatting on {}/{} as {} (Ctrl-D to end)",
+            a.source, a.thread, a.user
+        );
+    }
+    let send = |text: String| {
+        let mut c = c.clone();
+        let (source, thread, user) = (a.source.clone(), a.thread.clone(), a.user.clone());
+        async move {
+            c.send_event(pb::SendEventRequest {
+                source,
+                thread,
+                user,
+                text,
+                mention: true,
+                from_bot: false,
+            })
+            .await
+            .map(|r| {
+                r.into_inner()
+                    .trigger
+                    .map(|t| t.thread_id)
+                    .unwrap_or_default()
+            })
+        }
+    };
+    if interactive {
+        // Lines from a blocking reader thread; the channel bounds how far it
+        // reads ahead.
+        let (line_tx, mut lines) = tokio::sync::mpsc::channel::<String>(16);
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lines() {
+                let Ok(l) = line else { return };
+                if line_tx.blocking_send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        while let Some(line) = lines.recv().await {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let th = send(line).await?;
+            let _ = thread_tx.send(th);
+        }
+    } else {
+        for m in a.messages.clone() {
+            println!("{}: {m}", a.user);
+            let th = send(m).await?;
+            let _ = thread_tx.send(th);
+        }
+    }
+    let _ = tokio::time::timeout(a.wait, printer).await;
+    Ok(0)
+}

@@ -1,0 +1,221 @@
+//! The `byom` command line: verbs that read as sentences, tables for
+//! people, `--json` for scripts, and errors that say what to do next. One
+//! verb per file; all of them but `server`, `demo` and `js` speak to a
+//! server through `byom-api`.
+
+mod agent;
+mod approvals;
+mod audit;
+mod chat;
+mod commands;
+mod events;
+mod exec;
+mod machines;
+mod output;
+mod policy;
+mod router;
+mod server;
+mod show;
+mod tasks;
+mod threads;
+mod token;
+mod workers;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use byom_api::Client;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "byom",
+    version,
+    about = "byom: a super-agent in the cloud, its hands on your own machines"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// Admin credentials directory (ca.pem, admin.pem, admin.key, api.json).
+    /// Default: <data-dir>/admin of a server on this machine.
+    #[arg(long, env = "BYOM_CREDS", global = true)]
+    pub creds: Option<PathBuf>,
+    /// Admin API address (HOST:PORT). Default: from the credentials dir.
+    #[arg(long, env = "BYOM_API", global = true)]
+    pub api: Option<String>,
+    /// Log level filter for diagnostics on stderr (e.g. info, debug).
+    #[arg(long, env = "BYOM_LOG", global = true, default_value = "warn")]
+    pub log: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Run the control plane (QUIC gateway for daemons, admin API).
+    Server(server::ServerArgs),
+    /// Pairing tokens for new machines.
+    #[command(subcommand)]
+    Token(token::TokenCmd),
+    /// Paired machines.
+    #[command(subcommand, alias = "machine")]
+    Machines(machines::MachinesCmd),
+    /// Run a command on a machine and stream its output.
+    Exec(exec::ExecArgs),
+    /// Commands run or queued on machines.
+    #[command(subcommand, alias = "command")]
+    Commands(commands::CommandsCmd),
+    /// Events from channels (triggers): send one, list, follow.
+    #[command(subcommand)]
+    Events(events::EventsCmd),
+    /// Natural-language policies the Router follows for candidate triggers.
+    #[command(subcommand)]
+    Policy(policy::PolicyCmd),
+    /// Who ran what where: the command audit trail.
+    #[command(subcommand)]
+    Audit(audit::AuditCmd),
+    /// Show any object by ID (mch_, cmd_, tok_, trg_, thr_, wrk_, apr_, snp_) or a machine by name.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a server and a daemon in a temp dir, run commands, clean up.
+    Demo(crate::demo::DemoArgs),
+    /// Run JavaScript in the sandboxed code interpreter.
+    #[command(subcommand)]
+    Js(crate::js::JsCmd),
+    /// Tasks the agent is working on (top-level workers).
+    #[command(subcommand, alias = "task")]
+    Tasks(tasks::TasksCmd),
+    /// Workers and subagents, with their transcripts.
+    #[command(subcommand, alias = "worker")]
+    Workers(workers::WorkersCmd),
+    /// Conversations on channels, with the agent's replies.
+    #[command(subcommand, alias = "thread")]
+    Threads(threads::ThreadsCmd),
+    /// Questions paused programs wait on: list, approve, deny.
+    #[command(subcommand, alias = "approval")]
+    Approvals(approvals::ApprovalsCmd),
+    /// The Router's figures: turns, decisions, tokens.
+    Router {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Talk to the agent on a chat thread from the terminal.
+    Chat(chat::ChatArgs),
+}
+
+/// `KEY=VALUE` (the value may be empty or contain `=`).
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+/// A watch's error as the CLI reports it (a gRPC status by its message).
+fn watch_err(e: byom_api::WatchError) -> anyhow::Error {
+    match e {
+        byom_api::WatchError::Status(s) => anyhow::Error::new(s),
+        other => other.into(),
+    }
+}
+
+/// One line for an error chain, with gRPC statuses shown by their message.
+pub fn describe(e: &anyhow::Error) -> String {
+    if let Some(s) = e.downcast_ref::<tonic::Status>() {
+        return s.message().to_string();
+    }
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = match cause.downcast_ref::<tonic::Status>() {
+            Some(s) => s.message().to_string(),
+            None => cause.to_string(),
+        };
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
+}
+
+pub fn init_logging(filter: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(filter)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// `byom … | head` closes stdout early; like other command-line tools,
+/// stop quietly (exit 141, as for SIGPIPE) instead of reporting a panic.
+/// SIGPIPE itself stays ignored so socket errors remain errors.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
+/// Runs a parsed command line; the exit status.
+pub fn main(cli: Cli) -> anyhow::Result<i32> {
+    let log = match &cli.cmd {
+        Cmd::Server(_) if cli.global.log == "warn" => "info".to_string(),
+        _ => cli.global.log.clone(),
+    };
+    init_logging(&log);
+    quiet_on_closed_stdout();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(run(cli))
+}
+
+/// A client of the server the credentials name.
+async fn connect(g: &Global) -> anyhow::Result<Client> {
+    let creds = byom_api::load_creds(g.creds.as_deref(), g.api.as_deref())?;
+    Ok(byom_api::connect(&creds).await?)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let g = &cli.global;
+    match cli.cmd {
+        Cmd::Server(a) => server::run(a).await,
+        Cmd::Demo(a) => crate::demo::run(a).await,
+        Cmd::Js(j) => crate::js::run(j).await,
+        Cmd::Token(t) => token::run(&mut connect(g).await?, t).await,
+        Cmd::Machines(m) => machines::run(&mut connect(g).await?, m).await,
+        Cmd::Exec(e) => exec::run(&mut connect(g).await?, e).await,
+        Cmd::Commands(x) => commands::run(&mut connect(g).await?, x).await,
+        Cmd::Audit(x) => audit::run(&mut connect(g).await?, x).await,
+        Cmd::Events(x) => events::run(&mut connect(g).await?, x).await,
+        Cmd::Policy(x) => policy::run(&mut connect(g).await?, x).await,
+        Cmd::Show { id, json } => show::run(&mut connect(g).await?, &id, json).await,
+        Cmd::Tasks(x) => tasks::run(&mut connect(g).await?, x).await,
+        Cmd::Workers(x) => workers::run(&mut connect(g).await?, x).await,
+        Cmd::Threads(x) => threads::run(&mut connect(g).await?, x).await,
+        Cmd::Approvals(x) => approvals::run(&mut connect(g).await?, x).await,
+        Cmd::Router { json } => router::run(&mut connect(g).await?, json).await,
+        Cmd::Chat(x) => chat::run(&mut connect(g).await?, x).await,
+    }
+}
+
+pub use agent::agent;

@@ -1,0 +1,81 @@
+//! `byom policy add|ls|rm`: natural-language policies the Router follows.
+
+use byom_api::Client;
+use byom_protocol::pb;
+use clap::Subcommand;
+use serde_json::{json, Value};
+
+use super::output::{ago, or_dash, print_json, table, time};
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCmd {
+    /// Add a policy, e.g. "Ignore messages in #random unless someone asks for help".
+    Add {
+        text: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List policies in the order the Router reads them.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a policy.
+    Rm { id: String },
+}
+
+fn policy_json(p: &pb::RouterPolicy) -> Value {
+    json!({"id": p.id, "text": p.text, "created_at": time(p.created_at_ms), "created_by": p.created_by})
+}
+
+pub async fn run(c: &mut Client, cmd: PolicyCmd) -> anyhow::Result<i32> {
+    match cmd {
+        PolicyCmd::Add { text, json } => {
+            let p = c
+                .add_policy(pb::AddPolicyRequest { text })
+                .await?
+                .into_inner()
+                .policy
+                .unwrap_or_default();
+            if json {
+                print_json(&policy_json(&p));
+            } else {
+                println!("added {}", p.id);
+            }
+        }
+        PolicyCmd::Ls { json } => {
+            let r = c
+                .list_policies(pb::ListPoliciesRequest {})
+                .await?
+                .into_inner();
+            if json {
+                print_json(&Value::Array(r.policies.iter().map(policy_json).collect()));
+            } else {
+                table(
+                    &["ID", "ADDED", "BY", "POLICY"],
+                    r.policies
+                        .iter()
+                        .map(|p| {
+                            vec![
+                                p.id.clone(),
+                                ago(p.created_at_ms),
+                                or_dash(&p.created_by),
+                                p.text.clone(),
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+        }
+        PolicyCmd::Rm { id } => {
+            let p = c
+                .remove_policy(pb::RemovePolicyRequest { id })
+                .await?
+                .into_inner()
+                .policy
+                .unwrap_or_default();
+            println!("removed {}: {}", p.id, p.text);
+        }
+    }
+    Ok(0)
+}

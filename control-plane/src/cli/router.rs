@@ -1,0 +1,32 @@
+//! `byom router`: the Router's figures.
+
+use byom_api::Client;
+use serde_json::Value;
+
+use super::agent::agent;
+use super::output::print_json;
+
+pub async fn run(c: &mut Client, json: bool) -> anyhow::Result<i32> {
+    let v = agent(c, "router", "", Value::Null).await?;
+    if json {
+        print_json(&v);
+        return Ok(0);
+    }
+    let st = &v["stats"];
+    println!("router");
+    println!("  turns:          {}", st["turns"]);
+    println!("  model calls:    {}", st["model_calls"]);
+    println!("  decisions:      {}", st["decisions"]);
+    println!(
+        "  events:         {} ({} passed through to workers)",
+        st["events"], st["passed_through"]
+    );
+    println!("  replies:        {}", st["replies"]);
+    println!("  queued now:     {}", v["queued"]);
+    let u = &st["usage"];
+    println!(
+        "  tokens:         {} input ({} cached), {} output",
+        u["input_tokens"], u["cache_read_tokens"], u["output_tokens"]
+    );
+    Ok(0)
+}

@@ -1,0 +1,93 @@
+//! `byom server`: the control plane, run in this process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Where the store, PKI and admin credentials live.
+    #[arg(long, env = "BYOM_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// QUIC (UDP) address daemons connect to. Port 0 picks a free port.
+    #[arg(long, default_value = "0.0.0.0:7443")]
+    pub listen_quic: SocketAddr,
+    /// Admin gRPC API address (TLS, admin certificate required).
+    #[arg(long, default_value = "127.0.0.1:7444")]
+    pub listen_api: SocketAddr,
+    /// TCP address of the fallback for daemons whose UDP is blocked
+    /// (default: the QUIC port number, on TCP).
+    #[arg(long)]
+    pub listen_tcp: Option<SocketAddr>,
+    /// HTTP address for webhooks: POST /hooks/SOURCE with an HMAC-SHA256
+    /// signature (key in <data-dir>/webhook.key).
+    #[arg(long, default_value = "127.0.0.1:7445")]
+    pub listen_webhook: SocketAddr,
+    /// HOST:PORT daemons should dial, written into pairing tokens.
+    #[arg(long)]
+    pub public_addr: Option<String>,
+    /// Lifetime of machine certificates (renewed automatically).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub cert_ttl: Duration,
+    #[command(flatten)]
+    pub models: ModelArgs,
+}
+
+/// Which model the agents use. Keys come from the environment only
+/// (OPENAI_API_KEY, ANTHROPIC_API_KEY), never from flags.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model for the Router and the Workers: `scripted` (offline, rule-based,
+    /// not a language model), `openai:NAME` or `anthropic:NAME`.
+    #[arg(long, env = "BYOM_MODEL", default_value = "scripted")]
+    pub model: String,
+    /// Model for the Router only (a light, fast one), overriding --model.
+    #[arg(long, env = "BYOM_ROUTER_MODEL")]
+    pub router_model: Option<String>,
+    /// Model for the Workers only (a strong one), overriding --model.
+    #[arg(long, env = "BYOM_WORKER_MODEL")]
+    pub worker_model: Option<String>,
+    /// Base URL for openai: models (OpenAI, DeepSeek, vLLM, Ollama, llama.cpp).
+    #[arg(
+        long,
+        env = "OPENAI_BASE_URL",
+        default_value = "https://api.openai.com/v1"
+    )]
+    pub openai_base_url: String,
+    /// Base URL for anthropic: models.
+    #[arg(
+        long,
+        env = "ANTHROPIC_BASE_URL",
+        default_value = "https://api.anthropic.com"
+    )]
+    pub anthropic_base_url: String,
+    /// The scripted model's latency: BASE[,PER_NEW_INPUT_TOKEN,PER_OUTPUT_TOKEN].
+    #[arg(long, env = "BYOM_SCRIPTED_LATENCY", default_value = "0ms")]
+    pub scripted_latency: String,
+}
+
+/// Runs the server until SIGTERM or SIGINT.
+pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
+    let m = a.models;
+    byom_server::run(byom_server::ServerOptions {
+        data_dir: a.data_dir.unwrap_or_else(byom_api::default_data_dir),
+        listen_quic: a.listen_quic,
+        listen_api: a.listen_api,
+        listen_tcp: a.listen_tcp,
+        listen_webhook: a.listen_webhook,
+        public_addr: a.public_addr,
+        cert_ttl: a.cert_ttl,
+        models: byom_server::ModelOptions {
+            model: m.model,
+            router_model: m.router_model,
+            worker_model: m.worker_model,
+            openai_base_url: m.openai_base_url,
+            anthropic_base_url: m.anthropic_base_url,
+            scripted_latency: m.scripted_latency,
+        },
+    })
+    .await?;
+    Ok(0)
+}

@@ -1,0 +1,87 @@
+//! `byom show ID`: any object by its ID, or a machine by name.
+
+use anyhow::bail;
+use byom_api::Client;
+use byom_protocol::pb;
+use serde_json::{json, Value};
+
+use super::output::{
+    ago, labels, or_dash, print_json, time, token_json, trigger_json, trigger_line,
+};
+
+pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
+    use pb::show_response::Object;
+    match c
+        .show(pb::ShowRequest { id: id.to_string() })
+        .await?
+        .into_inner()
+        .object
+    {
+        Some(Object::Machine(m)) => super::machines::print_machine(&m, json),
+        Some(Object::Command(_)) => {
+            return super::commands::run(
+                c,
+                super::commands::CommandsCmd::Show {
+                    id: id.to_string(),
+                    json,
+                },
+            )
+            .await;
+        }
+        Some(Object::Trigger(t)) => {
+            if json {
+                print_json(&trigger_json(&t));
+            } else {
+                println!("{}", trigger_line(&t));
+                println!("  thread:   {}", t.thread_id);
+                println!("  decision: {}", t.reason);
+            }
+        }
+        Some(Object::Thread(t)) => {
+            if json {
+                print_json(
+                    &json!({"id": t.id, "source": t.source, "external": t.external, "created_at": time(t.created_at_ms), "last_trigger_at": time(t.last_trigger_ms)}),
+                );
+            } else {
+                println!("{} on {} ({})", t.id, t.source, t.external);
+                println!("  created:      {}", ago(t.created_at_ms));
+                println!("  last trigger: {}", ago(t.last_trigger_ms));
+                println!("  see: byom events ls --thread {}", t.id);
+            }
+        }
+        Some(Object::Token(t)) => {
+            if json {
+                print_json(&token_json(&t));
+            } else {
+                println!("{} {}", t.id, or_dash(&t.name));
+                println!("  labels:   {}", labels(&t.labels));
+                println!("  created:  {}", ago(t.created_at_ms));
+                println!("  expires:  {}", ago(t.expires_at_ms));
+                if t.used_at_ms != 0 {
+                    println!("  used:     {} by {}", ago(t.used_at_ms), t.used_by);
+                }
+                if t.revoked {
+                    println!("  revoked");
+                }
+            }
+        }
+        Some(Object::AgentJson(text)) => {
+            if id.starts_with("wrk_") && !json {
+                return super::workers::run(
+                    c,
+                    super::workers::WorkersCmd::Show {
+                        id: id.to_string(),
+                        json,
+                    },
+                )
+                .await;
+            }
+            match serde_json::from_str::<Value>(&text) {
+                Ok(v) => print_json(&v),
+                Err(_) => println!("{text}"),
+            }
+        }
+        None => bail!("{id}: nothing to show"),
+    }
+    Ok(0)
+}

@@ -1,0 +1,125 @@
+//! `byom token create|ls|revoke`: one-time pairing tokens.
+
+use std::time::Duration;
+
+use byom_api::Client;
+use byom_protocol::pb;
+use clap::Subcommand;
+use serde_json::Value;
+
+use super::output::{ago, labels, or_dash, print_json, table, token_json};
+use super::parse_kv;
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Create a one-time pairing token.
+    Create {
+        #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Name for the machine that pairs with it.
+        #[arg(long)]
+        name: Option<String>,
+        /// Labels for the machine (k=v, repeatable).
+        #[arg(long = "label", value_parser = parse_kv)]
+        labels: Vec<(String, String)>,
+        /// Let a re-installed laptop take over machine M (`byomd pair --replace M`):
+        /// the old identity is revoked, the new one gets its name and labels.
+        #[arg(long, value_name = "M")]
+        replace: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tokens (unused and unexpired unless --all).
+    Ls {
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an unused token.
+    Revoke { id: String },
+}
+
+pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
+    match cmd {
+        TokenCmd::Create {
+            ttl,
+            name,
+            labels: l,
+            replace,
+            json,
+        } => {
+            let r = c
+                .create_token(pb::CreateTokenRequest {
+                    ttl_ms: ttl.as_millis() as u64,
+                    name: name.unwrap_or_default(),
+                    labels: l.into_iter().collect(),
+                    replace: replace.clone().unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            let t = r.token.unwrap_or_default();
+            if json {
+                let mut v = token_json(&t);
+                v["token"] = Value::String(r.secret);
+                print_json(&v);
+            } else {
+                println!("{}", r.secret);
+                let replace = replace
+                    .map(|m| format!(" --replace {m}"))
+                    .unwrap_or_default();
+                eprintln!(
+                    "\nOne-time token {} (expires {}). On the machine, run:\n  byomd pair{replace} {}",
+                    t.id,
+                    ago(t.expires_at_ms),
+                    r.secret
+                );
+            }
+        }
+        TokenCmd::Ls { all, json } => {
+            let r = c
+                .list_tokens(pb::ListTokensRequest { include_used: all })
+                .await?
+                .into_inner();
+            if json {
+                print_json(&Value::Array(r.tokens.iter().map(token_json).collect()));
+            } else {
+                let now = byom_wire::now_ms();
+                table(
+                    &["ID", "NAME", "LABELS", "EXPIRES", "STATUS"],
+                    r.tokens
+                        .iter()
+                        .map(|t| {
+                            let status = if t.revoked {
+                                "revoked".to_string()
+                            } else if t.used_at_ms != 0 {
+                                format!("used by {}", t.used_by)
+                            } else if t.expires_at_ms <= now {
+                                "expired".to_string()
+                            } else {
+                                "unused".to_string()
+                            };
+                            vec![
+                                t.id.clone(),
+                                or_dash(&t.name),
+                                labels(&t.labels),
+                                ago(t.expires_at_ms),
+                                status,
+                            ]
+                        })
+                        .collect(),
+                );
+            }
+        }
+        TokenCmd::Revoke { id } => {
+            let t = c
+                .revoke_token(pb::RevokeTokenRequest { id })
+                .await?
+                .into_inner()
+                .token
+                .unwrap_or_default();
+            println!("revoked {}", t.id);
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,189 @@
+//! Commands from the API: create (through the commands service, which
+//! validates and picks the machine), read, list, cancel, and watch (the
+//! stored output from any offset, then live changes, ending with the
+//! terminal state).
+
+use std::time::Duration;
+
+use byom_protocol::limits;
+use byom_protocol::pb::{self, CommandState};
+use byom_store::MAX_LIST;
+use tonic::Status;
+
+use super::{command_err, store_err, Api, Stream};
+use crate::commands::{NewCommand, Target};
+
+/// Events buffered per WatchCommand stream before the server waits for the
+/// client to read.
+const WATCH_BUFFER: usize = 64;
+/// Safety net for watchers in case a notification is missed.
+const WATCH_POLL: Duration = Duration::from_secs(1);
+/// Commands listed when the request does not say.
+const DEFAULT_LIST: usize = 100;
+
+impl Api {
+    pub(super) fn command(&self, id: &str) -> Result<pb::Command, Status> {
+        self.store
+            .get_command(id)
+            .map_err(store_err)?
+            .ok_or_else(|| Status::not_found(format!("no command {id}: see `byom commands ls`")))
+    }
+
+    pub(super) async fn create_command(
+        &self,
+        req: pb::CreateCommandRequest,
+        by: String,
+    ) -> Result<pb::CommandResponse, Status> {
+        let target =
+            match (req.machine.is_empty(), req.labels.is_empty()) {
+                (false, true) => Target::Machine(req.machine),
+                (true, false) => Target::Labels(req.labels.into_iter().collect()),
+                _ => return Err(Status::invalid_argument(
+                    "name a machine or give labels to pick one (byom exec --label k=v), not both",
+                )),
+            };
+        let c = self
+            .commands
+            .create(NewCommand {
+                id: None,
+                target,
+                argv: req.argv,
+                shell: req.shell,
+                cwd: req.cwd,
+                env: req.env,
+                stdin: req.stdin,
+                timeout_ms: req.timeout_ms,
+                queue_ttl_ms: req.queue_ttl_ms,
+                requested_by: by,
+            })
+            .await
+            .map_err(command_err)?;
+        Ok(pb::CommandResponse { command: Some(c) })
+    }
+
+    pub(super) fn list_commands(
+        &self,
+        req: pb::ListCommandsRequest,
+    ) -> Result<pb::ListCommandsResponse, Status> {
+        let machine = if req.machine.is_empty() {
+            None
+        } else {
+            Some(self.machine(&req.machine)?.id)
+        };
+        let state = match req.state() {
+            CommandState::Unspecified => None,
+            s => Some(s),
+        };
+        let limit = if req.limit == 0 {
+            DEFAULT_LIST
+        } else {
+            (req.limit as usize).min(MAX_LIST)
+        };
+        let mut commands = self
+            .store
+            .list_commands(machine.as_deref(), state, req.since_ms, limit)
+            .map_err(store_err)?;
+        for c in &mut commands {
+            c.stdin.clear();
+        }
+        Ok(pb::ListCommandsResponse { commands })
+    }
+
+    pub(super) async fn cancel_command(
+        &self,
+        req: pb::CancelCommandRequest,
+    ) -> Result<pb::CommandResponse, Status> {
+        let reason = if req.reason.is_empty() {
+            "cancelled by admin".to_string()
+        } else {
+            req.reason
+        };
+        let c = self
+            .commands
+            .cancel(&req.id, &reason)
+            .await
+            .map_err(command_err)?;
+        Ok(pb::CommandResponse { command: Some(c) })
+    }
+
+    pub(super) fn watch_command(
+        &self,
+        req: pb::WatchCommandRequest,
+    ) -> Result<Stream<pb::CommandEvent>, Status> {
+        let c = self.command(&req.id)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        let api = self.clone();
+        tokio::spawn(async move {
+            let mut offsets = [req.stdout_offset, req.stderr_offset];
+            let mut last_state = None;
+            let mut wake = api.commands.subscribe(&c.id);
+            loop {
+                let cmd = match api.store.get_command(&c.id) {
+                    Ok(Some(c)) => c,
+                    _ => return,
+                };
+                // Output first, so a terminal state is the last event.
+                for (i, stream) in [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
+                    .into_iter()
+                    .enumerate()
+                {
+                    loop {
+                        let chunks = match api.store.read_output(
+                            &c.id,
+                            stream as i32,
+                            offsets[i],
+                            limits::MAX_OUTPUT_CHUNK_BYTES * 4,
+                        ) {
+                            Ok(ch) => ch,
+                            Err(e) => {
+                                let _ = tx.send(Err(store_err(e))).await;
+                                return;
+                            }
+                        };
+                        if chunks.is_empty() {
+                            break;
+                        }
+                        for (off, data) in chunks {
+                            offsets[i] = off + data.len() as u64;
+                            let mut at = off;
+                            for piece in data.chunks(limits::MAX_OUTPUT_CHUNK_BYTES) {
+                                let ev = pb::CommandEvent {
+                                    event: Some(pb::command_event::Event::Output(pb::Output {
+                                        stream: stream as i32,
+                                        offset: at,
+                                        data: piece.to_vec(),
+                                    })),
+                                };
+                                at += piece.len() as u64;
+                                if tx.send(Ok(ev)).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                }
+                if last_state != Some((cmd.state, cmd.cancel_requested)) {
+                    last_state = Some((cmd.state, cmd.cancel_requested));
+                    let mut shown = cmd.clone();
+                    shown.stdin.clear();
+                    let ev = pb::CommandEvent {
+                        event: Some(pb::command_event::Event::State(shown)),
+                    };
+                    if tx.send(Ok(ev)).await.is_err() {
+                        return;
+                    }
+                }
+                if cmd.state().is_terminal() {
+                    return;
+                }
+                tokio::select! {
+                    _ = wake.changed() => {}
+                    _ = tokio::time::sleep(WATCH_POLL) => {}
+                    _ = tx.closed() => return,
+                    _ = api.shutdown.cancelled() => return,
+                }
+            }
+        });
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,216 @@
+//! Pairing tokens and machines: create, list, rename, label, revoke. Token
+//! secrets are shown once, at creation; only their hash is stored.
+
+use std::time::Duration;
+
+use byom_protocol::id::TokenId;
+use byom_protocol::limits;
+use byom_protocol::names;
+use byom_protocol::pb;
+use byom_protocol::token::PairingToken;
+use byom_store::StoreError;
+use tonic::Status;
+
+use super::{store_err, Api};
+use crate::live::decorate;
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+fn label_err(e: names::LabelError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+impl Api {
+    /// A machine by ID or name, with its live facts.
+    pub(super) fn machine(&self, id_or_name: &str) -> Result<pb::Machine, Status> {
+        let m = self
+            .store
+            .resolve_machine(id_or_name)
+            .map_err(store_err)?
+            .ok_or_else(|| {
+                Status::not_found(format!("no machine {id_or_name:?}: see `byom machines ls`"))
+            })?;
+        Ok(self.decorate(m))
+    }
+
+    pub(super) fn decorate(&self, m: pb::Machine) -> pb::Machine {
+        decorate(&self.store, &self.live, m)
+    }
+
+    pub(super) async fn create_token(
+        &self,
+        req: pb::CreateTokenRequest,
+    ) -> Result<pb::CreateTokenResponse, Status> {
+        let ttl = if req.ttl_ms == 0 {
+            ms(limits::DEFAULT_TOKEN_TTL)
+        } else {
+            req.ttl_ms
+        };
+        if ttl > ms(limits::MAX_TOKEN_TTL) {
+            return Err(Status::invalid_argument(format!(
+                "token TTL too long: at most {}",
+                humantime::format_duration(limits::MAX_TOKEN_TTL)
+            )));
+        }
+        names::check_labels(&req.labels).map_err(label_err)?;
+        if !req.name.is_empty() && !names::valid_name(&req.name) {
+            return Err(Status::invalid_argument(
+                "bad name: use lower-case letters, digits, '-', '_' or '.'",
+            ));
+        }
+        let replace_machine = if req.replace.is_empty() {
+            String::new()
+        } else {
+            let m = self.machine(&req.replace)?;
+            if m.revoked {
+                return Err(Status::failed_precondition(format!(
+                    "{} is already revoked",
+                    m.name
+                )));
+            }
+            m.id
+        };
+        let now = byom_wire::now_ms();
+        let secret = PairingToken::generate(
+            self.identity.pki.ca_sha256,
+            self.identity.public_addr.clone(),
+        );
+        let token = pb::Token {
+            id: TokenId::new(now).to_string(),
+            name: req.name,
+            labels: req.labels,
+            created_at_ms: now,
+            expires_at_ms: now + ttl,
+            secret_sha256: byom_wire::hex(&byom_wire::sha256(&secret.secret)),
+            replace_machine,
+            ..Default::default()
+        };
+        self.store.create_token(&token).map_err(store_err)?;
+        self.store.flush_async().await.map_err(store_err)?;
+        let mut shown = token;
+        shown.secret_sha256.clear();
+        Ok(pb::CreateTokenResponse {
+            token: Some(shown),
+            secret: secret.encode(),
+        })
+    }
+
+    pub(super) fn list_tokens(
+        &self,
+        req: pb::ListTokensRequest,
+    ) -> Result<pb::ListTokensResponse, Status> {
+        let now = byom_wire::now_ms();
+        let mut tokens = self.store.list_tokens().map_err(store_err)?;
+        tokens.retain(|t| {
+            req.include_used || (t.used_at_ms == 0 && !t.revoked && t.expires_at_ms > now)
+        });
+        for t in &mut tokens {
+            t.secret_sha256.clear();
+        }
+        Ok(pb::ListTokensResponse { tokens })
+    }
+
+    pub(super) async fn revoke_token(
+        &self,
+        req: pb::RevokeTokenRequest,
+    ) -> Result<pb::RevokeTokenResponse, Status> {
+        let id = req.id;
+        let mut t = self.store.revoke_token(&id).map_err(|e| match e {
+            StoreError::NotFound(_) => {
+                Status::not_found(format!("no token {id}: see `byom token ls`"))
+            }
+            e => store_err(e),
+        })?;
+        self.store.flush_async().await.map_err(store_err)?;
+        t.secret_sha256.clear();
+        Ok(pb::RevokeTokenResponse { token: Some(t) })
+    }
+
+    pub(super) fn list_machines(
+        &self,
+        req: pb::ListMachinesRequest,
+    ) -> Result<pb::ListMachinesResponse, Status> {
+        let machines = self
+            .store
+            .list_machines()
+            .map_err(store_err)?
+            .into_iter()
+            .filter(|m| req.include_revoked || !m.revoked)
+            .map(|m| self.decorate(m))
+            .collect();
+        Ok(pb::ListMachinesResponse { machines })
+    }
+
+    pub(super) async fn rename_machine(
+        &self,
+        req: pb::RenameMachineRequest,
+    ) -> Result<pb::MachineResponse, Status> {
+        let m = self.machine(&req.machine)?;
+        if !names::valid_name(&req.name) {
+            return Err(Status::invalid_argument(
+                "bad name: use lower-case letters, digits, '-', '_' or '.' (and not an ID)",
+            ));
+        }
+        let m = self
+            .store
+            .rename_machine(&m.id, &req.name)
+            .map_err(store_err)?;
+        self.store.flush_async().await.map_err(store_err)?;
+        Ok(pb::MachineResponse {
+            machine: Some(self.decorate(m)),
+        })
+    }
+
+    pub(super) async fn label_machine(
+        &self,
+        req: pb::LabelMachineRequest,
+    ) -> Result<pb::MachineResponse, Status> {
+        let m = self.machine(&req.machine)?;
+        names::check_labels(&req.set).map_err(label_err)?;
+        let m = self
+            .store
+            .update_machine(&m.id, |m| {
+                for k in &req.remove {
+                    m.labels.remove(k);
+                }
+                for (k, v) in &req.set {
+                    m.labels.insert(k.clone(), v.clone());
+                }
+                if m.labels.len() > limits::MAX_LABELS {
+                    return Err(StoreError::Conflict(format!(
+                        "at most {} labels",
+                        limits::MAX_LABELS
+                    )));
+                }
+                Ok(())
+            })
+            .map_err(store_err)?;
+        self.store.flush_async().await.map_err(store_err)?;
+        Ok(pb::MachineResponse {
+            machine: Some(self.decorate(m)),
+        })
+    }
+
+    pub(super) async fn revoke_machine(
+        &self,
+        req: pb::MachineRef,
+        by: &str,
+    ) -> Result<pb::MachineResponse, Status> {
+        let m = self.machine(&req.machine)?;
+        let m = crate::machines::revoke(
+            &self.store,
+            &self.identity,
+            &self.live,
+            &self.commands,
+            &m.id,
+            &format!("revoked by {by}"),
+        )
+        .await
+        .map_err(store_err)?;
+        Ok(pb::MachineResponse {
+            machine: Some(self.decorate(m)),
+        })
+    }
+}

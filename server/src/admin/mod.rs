@@ -1,0 +1,345 @@
+//! The admin gRPC service (the API boundary is `byom-api`): served over TLS
+//! 1.3 to clients with an admin certificate from our CA only ([`serve`]),
+//! one module per resource: [`machines`] (tokens and machines),
+//! [`commands`], [`events`] (triggers and policies), [`agents`] and
+//! [`show`]. The generated trait is implemented here by delegation.
+
+mod agents;
+mod commands;
+mod events;
+mod machines;
+mod show;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use byom_api::proto::admin_server::{Admin, AdminServer};
+use byom_protocol::{limits, pb};
+use byom_store::{Store, StoreError};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::agents::AgentInbox;
+use crate::commands::{CommandError, Commands};
+use crate::identity::ServerIdentity;
+use crate::live::LiveMachines;
+use crate::pki::Role;
+use crate::triggers::Triggers;
+
+/// TLS handshakes in progress on the API port at once.
+const MAX_API_HANDSHAKES: usize = 256;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Authenticated connections waiting to be served.
+const ACCEPT_QUEUE: usize = 16;
+
+/// What the API works with.
+#[derive(Clone)]
+pub struct Api {
+    pub store: Store,
+    pub identity: Arc<ServerIdentity>,
+    pub live: Arc<LiveMachines>,
+    pub commands: Commands,
+    pub triggers: Triggers,
+    pub agents: AgentInbox,
+    pub shutdown: CancellationToken,
+}
+
+/// A TLS connection from an authenticated admin.
+pub struct AdminConn {
+    tls: TlsStream<TcpStream>,
+    admin: String,
+}
+
+/// Name from the admin certificate of the caller, in request extensions.
+#[derive(Clone, Debug)]
+pub struct AdminIdentity(pub String);
+
+impl tonic::transport::server::Connected for AdminConn {
+    type ConnectInfo = AdminIdentity;
+    fn connect_info(&self) -> AdminIdentity {
+        AdminIdentity(self.admin.clone())
+    }
+}
+
+/// Who is calling: `admin:NAME`, from the certificate.
+fn caller<T>(req: &Request<T>) -> String {
+    req.extensions()
+        .get::<AdminIdentity>()
+        .map(|a| format!("admin:{}", a.0))
+        .unwrap_or_else(|| "admin".into())
+}
+
+impl AsyncRead for AdminConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tls).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for AdminConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tls).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tls).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tls).poll_shutdown(cx)
+    }
+}
+
+/// Serves the API on `listener` until shutdown.
+pub async fn serve(api: Api, listener: TcpListener, tls: rustls::ServerConfig) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<AdminConn, std::io::Error>>(ACCEPT_QUEUE);
+    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_API_HANDSHAKES));
+    let accept_shutdown = api.shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, remote) = tokio::select! {
+                _ = accept_shutdown.cancelled() => return,
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => { tracing::warn!("API accept failed: {e}"); tokio::time::sleep(Duration::from_millis(100)).await; continue; }
+                },
+            };
+            let Ok(permit) = limit.clone().try_acquire_owned() else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let _ = tcp.set_nodelay(true);
+                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+                {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%remote, "API handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let role = crate::tls::peer_role(tls.get_ref().1.peer_certificates());
+                let Some((Role::Admin(admin), _)) = role else {
+                    tracing::warn!(%remote, "API client without an admin certificate refused");
+                    return;
+                };
+                let _ = tx.send(Ok(AdminConn { tls, admin })).await;
+            });
+        }
+    });
+    let shutdown = api.shutdown.clone();
+    let svc = AdminServer::new(api)
+        .max_decoding_message_size(limits::MAX_FRAME_BYTES)
+        .max_encoding_message_size(limits::MAX_FRAME_BYTES * 4);
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
+    if let Err(e) = tonic::transport::Server::builder()
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, async move { shutdown.cancelled().await })
+        .await
+    {
+        tracing::error!("API server failed: {e}");
+    }
+}
+
+fn store_err(e: StoreError) -> Status {
+    match e {
+        StoreError::NotFound(x) => Status::not_found(format!("{x} not found")),
+        StoreError::Conflict(x) => Status::already_exists(x),
+        StoreError::IllegalTransition { .. } => Status::failed_precondition(e.to_string()),
+        other => Status::internal(other.to_string()),
+    }
+}
+
+fn command_err(e: CommandError) -> Status {
+    match e {
+        CommandError::NotFound(m) => Status::not_found(m),
+        CommandError::Invalid(m) => Status::invalid_argument(m),
+        CommandError::Refused(m) => Status::failed_precondition(m),
+        CommandError::Unavailable(m) => Status::unavailable(m),
+        CommandError::Full(m) => Status::resource_exhausted(m),
+        CommandError::Store(e) => store_err(e),
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+type Stream<T> = Pin<Box<dyn futures_util::Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Admin for Api {
+    async fn server_info(
+        &self,
+        _: Request<pb::ServerInfoRequest>,
+    ) -> Reply<pb::ServerInfoResponse> {
+        Ok(Response::new(pb::ServerInfoResponse {
+            version: byom_protocol::VERSION.into(),
+            quic_addr: self.identity.quic_addr.to_string(),
+            public_addr: self.identity.public_addr.clone(),
+            ca_sha256: byom_wire::hex(&self.identity.pki.ca_sha256),
+        }))
+    }
+
+    async fn create_token(
+        &self,
+        req: Request<pb::CreateTokenRequest>,
+    ) -> Reply<pb::CreateTokenResponse> {
+        self.create_token(req.into_inner()).await.map(Response::new)
+    }
+
+    async fn list_tokens(
+        &self,
+        req: Request<pb::ListTokensRequest>,
+    ) -> Reply<pb::ListTokensResponse> {
+        self.list_tokens(req.into_inner()).map(Response::new)
+    }
+
+    async fn revoke_token(
+        &self,
+        req: Request<pb::RevokeTokenRequest>,
+    ) -> Reply<pb::RevokeTokenResponse> {
+        self.revoke_token(req.into_inner()).await.map(Response::new)
+    }
+
+    async fn list_machines(
+        &self,
+        req: Request<pb::ListMachinesRequest>,
+    ) -> Reply<pb::ListMachinesResponse> {
+        self.list_machines(req.into_inner()).map(Response::new)
+    }
+
+    async fn get_machine(&self, req: Request<pb::MachineRef>) -> Reply<pb::MachineResponse> {
+        let m = self.machine(&req.into_inner().machine)?;
+        Ok(Response::new(pb::MachineResponse { machine: Some(m) }))
+    }
+
+    async fn rename_machine(
+        &self,
+        req: Request<pb::RenameMachineRequest>,
+    ) -> Reply<pb::MachineResponse> {
+        self.rename_machine(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn label_machine(
+        &self,
+        req: Request<pb::LabelMachineRequest>,
+    ) -> Reply<pb::MachineResponse> {
+        self.label_machine(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn revoke_machine(&self, req: Request<pb::MachineRef>) -> Reply<pb::MachineResponse> {
+        let by = caller(&req);
+        self.revoke_machine(req.into_inner(), &by)
+            .await
+            .map(Response::new)
+    }
+
+    async fn create_command(
+        &self,
+        req: Request<pb::CreateCommandRequest>,
+    ) -> Reply<pb::CommandResponse> {
+        let by = caller(&req);
+        self.create_command(req.into_inner(), by)
+            .await
+            .map(Response::new)
+    }
+
+    async fn get_command(&self, req: Request<pb::CommandRef>) -> Reply<pb::CommandResponse> {
+        let c = self.command(&req.into_inner().id)?;
+        Ok(Response::new(pb::CommandResponse { command: Some(c) }))
+    }
+
+    async fn list_commands(
+        &self,
+        req: Request<pb::ListCommandsRequest>,
+    ) -> Reply<pb::ListCommandsResponse> {
+        self.list_commands(req.into_inner()).map(Response::new)
+    }
+
+    async fn cancel_command(
+        &self,
+        req: Request<pb::CancelCommandRequest>,
+    ) -> Reply<pb::CommandResponse> {
+        self.cancel_command(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn send_event(&self, req: Request<pb::SendEventRequest>) -> Reply<pb::SendEventResponse> {
+        self.send_event(req.into_inner()).await.map(Response::new)
+    }
+
+    async fn list_triggers(
+        &self,
+        req: Request<pb::ListTriggersRequest>,
+    ) -> Reply<pb::ListTriggersResponse> {
+        self.list_triggers(req.into_inner()).map(Response::new)
+    }
+
+    type TailTriggersStream = Stream<pb::Trigger>;
+
+    async fn tail_triggers(
+        &self,
+        _: Request<pb::TailTriggersRequest>,
+    ) -> Reply<Self::TailTriggersStream> {
+        Ok(Response::new(self.tail_triggers()))
+    }
+
+    async fn add_policy(&self, req: Request<pb::AddPolicyRequest>) -> Reply<pb::PolicyResponse> {
+        let by = caller(&req);
+        self.add_policy(req.into_inner(), by)
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_policies(
+        &self,
+        _: Request<pb::ListPoliciesRequest>,
+    ) -> Reply<pb::ListPoliciesResponse> {
+        let policies = self.store.list_policies().map_err(store_err)?;
+        Ok(Response::new(pb::ListPoliciesResponse { policies }))
+    }
+
+    async fn remove_policy(
+        &self,
+        req: Request<pb::RemovePolicyRequest>,
+    ) -> Reply<pb::PolicyResponse> {
+        self.remove_policy(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn agent(&self, req: Request<pb::AgentRequest>) -> Reply<pb::AgentResponse> {
+        let by = caller(&req);
+        self.agent(req.into_inner(), &by).await.map(Response::new)
+    }
+
+    type WatchCommandStream = Stream<pb::CommandEvent>;
+
+    async fn watch_command(
+        &self,
+        req: Request<pb::WatchCommandRequest>,
+    ) -> Reply<Self::WatchCommandStream> {
+        self.watch_command(req.into_inner()).map(Response::new)
+    }
+
+    async fn show(&self, req: Request<pb::ShowRequest>) -> Reply<pb::ShowResponse> {
+        self.show(&req.into_inner().id).map(Response::new)
+    }
+}

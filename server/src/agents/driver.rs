@@ -1,0 +1,582 @@
+//! The agents' I/O shell: one task that owns the [`Core`], feeds it events
+//! from the durable inbox (triggers, answers, cancels) and from its own
+//! effects (model replies, command ends, interpreter steps), and commits
+//! every step to the store before it acts on it:
+//!
+//! 1. `core.handle(event)` → effects;
+//! 2. one atomic batch: the changed records, the replies, the inbox entry's
+//!    deletion; then flush;
+//! 3. run the effects.
+//!
+//! A crash between 2 and 3 loses nothing: on start, [`Core::resume_effects`]
+//! starts again whatever was in flight. Commands carry IDs chosen in step 1
+//! and are created only if absent, so none runs twice. Model calls may be
+//! made twice (they are idempotent); interpreter steps replay from the same
+//! snapshot.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use byom_agent::event::{CommandResult, Effect, Event, JsOutcome, Reply, SessionKind};
+use byom_agent::storage::keys;
+use byom_agent::{Budgets, Core};
+use byom_protocol::id::Kind;
+use byom_protocol::pb::{self, CommandState};
+use byom_sandbox::{ErrorKind, Limits, Snapshot};
+use byom_store::{Op, Space, Store, StoreError};
+use serde_json::Value;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::programs::{error, run_program_step, Step};
+use super::world::{new_id, paused_programs, LiveWorld};
+use super::AgentInbox;
+use crate::commands::{Commands, Target};
+use crate::live::LiveMachines;
+use crate::model::{complete, Model, RetryPolicy};
+use crate::triggers::Triggers;
+
+/// Internal events (model replies, command ends, program steps) waiting
+/// for the loop.
+pub const INTERNAL_EVENTS: usize = 4096;
+/// Model calls in flight at once across all sessions.
+pub const MAX_CONCURRENT_MODEL_CALLS: usize = 32;
+/// Interpreter steps running at once.
+pub const MAX_CONCURRENT_JS: usize = 4;
+/// A step's commit slower than this is logged: the agents wait on it.
+const SLOW_COMMIT: Duration = Duration::from_secs(2);
+/// Inbox entries read per pass, and passes before other events get a turn.
+const INBOX_BATCH: usize = 64;
+const INBOX_PASSES: usize = 1000;
+/// Output bytes read back for a finished command (the core cuts further).
+const OUTPUT_READ: usize = 64 * 1024;
+/// How often retries and the watchdog run.
+const TICK: Duration = Duration::from_secs(1);
+/// A command whose machine has been offline this long is declared lost.
+pub const LOST_AFTER: Duration = Duration::from_secs(30 * 60);
+/// Agent records and messages read at once on a reload.
+const MAX_RECORDS: usize = 10_000_000;
+
+/// What the server hands the agents.
+pub struct AgentConfig {
+    pub router_model: Arc<dyn Model>,
+    pub worker_model: Arc<dyn Model>,
+    pub budgets: Budgets,
+    pub retry: RetryPolicy,
+    pub js_key: Vec<u8>,
+    pub js_limits: Limits,
+}
+
+/// The handles the driver works with.
+pub struct Handles {
+    pub store: Store,
+    pub live: Arc<LiveMachines>,
+    pub commands: Commands,
+    pub triggers: Triggers,
+    pub inbox: AgentInbox,
+    pub shutdown: CancellationToken,
+}
+
+struct Driver {
+    h: Arc<Handles>,
+    cfg: Arc<AgentConfig>,
+    core: Core,
+    tx: mpsc::Sender<Event>,
+    models: Arc<Semaphore>,
+    js: Arc<Semaphore>,
+}
+
+/// Runs the agents until shutdown.
+pub async fn run(h: Handles, cfg: AgentConfig) {
+    let (tx, mut rx) = mpsc::channel(INTERNAL_EVENTS);
+    let h = Arc::new(h);
+    let mut d = Driver {
+        core: Core::new(cfg.budgets.clone()),
+        h: h.clone(),
+        cfg: Arc::new(cfg),
+        tx,
+        models: Arc::new(Semaphore::new(MAX_CONCURRENT_MODEL_CALLS)),
+        js: Arc::new(Semaphore::new(MAX_CONCURRENT_JS)),
+    };
+    // Before anything restarts, so no program step is storing one.
+    d.collect_snapshots();
+    // The agents start only from a complete picture of their state.
+    while let Err(e) = d.reload() {
+        tracing::error!("cannot read the agents' state ({e}); retrying");
+        tokio::select! {
+            _ = h.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        d.drain_inbox().await;
+        tokio::select! {
+            _ = h.shutdown.cancelled() => return,
+            _ = h.inbox.woken() => {}
+            Some(ev) = rx.recv() => { d.step(ev, None).await; }
+            _ = tick.tick() => {
+                d.step(Event::Tick, None).await;
+                d.watchdog().await;
+            }
+        }
+    }
+}
+
+impl Driver {
+    fn world(&self) -> LiveWorld {
+        LiveWorld {
+            store: self.h.store.clone(),
+            live: self.h.live.clone(),
+        }
+    }
+
+    /// Rebuilds the core from the store and restarts what was in flight.
+    /// A store that cannot be read is an error, never an empty state: the
+    /// caller retries rather than run on (and overwrite) a partial picture.
+    fn reload(&mut self) -> Result<(), StoreError> {
+        let store = &self.h.store;
+        let records = store.scan_prefix(Space::Agents, keys::RECORD, MAX_RECORDS)?;
+        let numbered = |prefix: &str| -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+            Ok(store
+                .scan_prefix(Space::Agents, prefix, MAX_RECORDS)?
+                .into_iter()
+                .filter_map(|(n, v)| Some((n.parse().ok()?, v)))
+                .collect())
+        };
+        let queue = numbered(keys::ROUTER_QUEUE)?;
+        let failed = std::cell::RefCell::new(None);
+        let (core, errors) = Core::rebuild(
+            self.cfg.budgets.clone(),
+            records,
+            |session| {
+                numbered(&keys::messages_of(session)).unwrap_or_else(|e| {
+                    *failed.borrow_mut() = Some(e);
+                    Vec::new()
+                })
+            },
+            queue,
+            true,
+        );
+        if let Some(e) = failed.into_inner() {
+            return Err(e);
+        }
+        for e in errors {
+            tracing::error!("agent state: {e}; skipped");
+        }
+        self.core = core;
+        let fx = self.core.resume_effects();
+        if !fx.is_empty() {
+            tracing::info!(
+                "agents resumed: {} operations in flight restarted",
+                fx.len()
+            );
+        }
+        self.run_effects(fx);
+        Ok(())
+    }
+
+    /// At start-up (no program step can be running yet), snapshots no
+    /// worker is paused on are left over from a crash between storing a
+    /// snapshot and committing the step that refers to it: drop them.
+    fn collect_snapshots(&self) {
+        let store = &self.h.store;
+        let Ok(ids) = store.snapshot_ids() else {
+            return;
+        };
+        let Ok(paused) = paused_programs(store) else {
+            return;
+        };
+        let used: std::collections::HashSet<String> =
+            paused.into_iter().map(|(_, snp)| snp).collect();
+        let mut dropped = 0;
+        for id in ids.into_iter().filter(|id| !used.contains(id)) {
+            if store.delete_snapshot(&id).is_ok() {
+                dropped += 1;
+            }
+        }
+        if dropped > 0 {
+            tracing::info!("dropped {dropped} snapshots no program is paused on");
+        }
+    }
+
+    async fn drain_inbox(&mut self) {
+        for _ in 0..INBOX_PASSES {
+            let entries = match self
+                .h
+                .store
+                .scan_prefix(Space::Agents, keys::INBOX, INBOX_BATCH)
+            {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::error!("cannot read the agent inbox: {e}");
+                    return;
+                }
+            };
+            if entries.is_empty() {
+                return;
+            }
+            for (k, v) in entries {
+                let key = format!("{}{k}", keys::INBOX).into_bytes();
+                match serde_json::from_slice::<Event>(&v) {
+                    Ok(ev) => {
+                        if !self.step(ev, Some(key)).await {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!("unreadable agent inbox entry dropped: {e}");
+                        let _ = self.h.store.batch(&[Op::delete(Space::Agents, key)]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One event through the core, committed, then acted on. False if the
+    /// store refused the commit (the core was rebuilt from the store).
+    async fn step(&mut self, ev: Event, inbox_key: Option<Vec<u8>>) -> bool {
+        let mut world = self.world();
+        // Built only when it will be logged: this runs for every event.
+        let summary = tracing::enabled!(tracing::Level::DEBUG).then(|| ev.summary());
+        let fx = self.core.handle(&mut world, ev);
+        if let Some(summary) = summary {
+            // Quiet ticks (most of them) are not worth a line each.
+            if summary != "tick" || !fx.is_empty() {
+                let effects: Vec<String> = fx.iter().map(Effect::summary).collect();
+                tracing::debug!(?effects, "agent step: {summary}");
+            }
+        }
+        #[cfg(debug_assertions)]
+        if let Err(e) = self.core.check_invariants() {
+            tracing::error!("agent invariant broken after a step: {e}");
+        }
+        let mut ops: Vec<Op> = self
+            .core
+            .take_writes()
+            .into_iter()
+            .map(|(k, v)| match v {
+                Some(v) => Op::put(Space::Agents, k.into_bytes(), v),
+                None => Op::delete(Space::Agents, k.into_bytes()),
+            })
+            .collect();
+        let mut replies = Vec::new();
+        for e in &fx {
+            if let Effect::Reply(r) = e {
+                let t = reply_trigger(r);
+                ops.push(Op::trigger(&t));
+                replies.push(t);
+            }
+        }
+        if let Some(k) = inbox_key {
+            ops.push(Op::delete(Space::Agents, k));
+        }
+        if !ops.is_empty() && !self.commit(&ops).await {
+            return false;
+        }
+        for t in replies {
+            self.h.triggers.published(t);
+        }
+        // Ended workers live on in the store only: memory stays bounded by
+        // the live ones.
+        self.core.evict_closed();
+        self.run_effects(fx);
+        true
+    }
+
+    /// Writes a step atomically and durably. On failure the core goes back
+    /// to what the store holds (the step never happened; its inbox entry
+    /// is still there and runs again).
+    async fn commit(&mut self, ops: &[Op]) -> bool {
+        let started = std::time::Instant::now();
+        let r = match self.h.store.batch(ops) {
+            Ok(()) => self.h.store.flush_async().await,
+            Err(e) => Err(e),
+        };
+        let took = started.elapsed();
+        if took > SLOW_COMMIT {
+            tracing::warn!(
+                ms = took.as_millis() as u64,
+                ops = ops.len(),
+                "slow agent commit"
+            );
+        }
+        let Err(e) = r else {
+            return true;
+        };
+        tracing::error!("cannot commit an agent step ({e}); reloading from the store");
+        for attempt in 1..=u32::MAX {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            match self.reload() {
+                Ok(()) => break,
+                Err(e) if self.h.shutdown.is_cancelled() => {
+                    tracing::error!("giving up reloading at shutdown: {e}");
+                    break;
+                }
+                Err(e) => tracing::error!(attempt, "cannot reload the agents' state: {e}"),
+            }
+        }
+        false
+    }
+
+    fn run_effects(&self, fx: Vec<Effect>) {
+        for e in fx {
+            match e {
+                Effect::Reply(_) => {}
+                Effect::CallModel {
+                    session,
+                    kind,
+                    turn,
+                    request,
+                } => {
+                    let model = match kind {
+                        SessionKind::Router => self.cfg.router_model.clone(),
+                        SessionKind::Worker => self.cfg.worker_model.clone(),
+                    };
+                    let tx = self.tx.clone();
+                    let policy = self.cfg.retry.clone();
+                    let sem = self.models.clone();
+                    tokio::spawn(async move {
+                        let _permit = sem.acquire_owned().await;
+                        let started = std::time::Instant::now();
+                        let result = complete(model.as_ref(), &request, &policy)
+                            .await
+                            .map_err(|e| e.to_string());
+                        tracing::debug!(
+                            session,
+                            turn,
+                            ms = started.elapsed().as_millis() as u64,
+                            "model call finished"
+                        );
+                        let _ = tx
+                            .send(Event::ModelDone {
+                                session,
+                                turn,
+                                result,
+                            })
+                            .await;
+                    });
+                }
+                Effect::StartCommand {
+                    worker,
+                    cmd,
+                    machine,
+                    labels,
+                    command,
+                    timeout_ms,
+                } => {
+                    let h = self.h.clone();
+                    let tx = self.tx.clone();
+                    tokio::spawn(async move {
+                        let target = if machine.is_empty() {
+                            Target::Labels(labels)
+                        } else {
+                            Target::Machine(machine)
+                        };
+                        let created = h
+                            .commands
+                            .ensure(&cmd, &worker, target, &command, timeout_ms)
+                            .await;
+                        let result = match created {
+                            Ok(()) => match h.commands.wait_end(&cmd).await {
+                                Ok(c) => command_result(&h.store, &c),
+                                Err(e) => failed(e.to_string()),
+                            },
+                            Err(e) => failed(e.to_string()),
+                        };
+                        let _ = tx
+                            .send(Event::CommandDone {
+                                worker,
+                                cmd,
+                                result,
+                            })
+                            .await;
+                    });
+                }
+                Effect::StopCommand { cmd, reason } => {
+                    let commands = self.h.commands.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = commands.cancel(&cmd, &reason).await {
+                            tracing::debug!("stop {cmd}: {e}");
+                        }
+                    });
+                }
+                Effect::RunJs {
+                    worker,
+                    run,
+                    code,
+                    clock_ms,
+                } => self.spawn_js(worker, run, JsStep::Run { code, clock_ms }),
+                Effect::ResumeJs {
+                    worker,
+                    run,
+                    snapshot,
+                    call,
+                    result,
+                } => self.spawn_js(
+                    worker,
+                    run,
+                    JsStep::Resume {
+                        snapshot,
+                        call,
+                        result,
+                    },
+                ),
+                Effect::DropSnapshot { snapshot } => {
+                    if let Err(e) = self.h.store.delete_snapshot(&snapshot) {
+                        tracing::warn!("cannot drop {snapshot}: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn spawn_js(&self, worker: String, run: u64, step: JsStep) {
+        let store = self.h.store.clone();
+        let cfg = self.cfg.clone();
+        let tx = self.tx.clone();
+        let sem = self.js.clone();
+        tokio::spawn(async move {
+            let _permit = sem.acquire_owned().await;
+            let handle = tokio::runtime::Handle::current();
+            let started = std::time::Instant::now();
+            let outcome =
+                tokio::task::spawn_blocking(move || handle.block_on(js_step(&store, &cfg, step)))
+                    .await
+                    .unwrap_or_else(|e| {
+                        error(ErrorKind::Internal, format!("interpreter task failed: {e}"))
+                    });
+            tracing::debug!(
+                worker,
+                run,
+                ms = started.elapsed().as_millis() as u64,
+                "program step finished"
+            );
+            let _ = tx
+                .send(Event::JsDone {
+                    worker,
+                    run,
+                    outcome,
+                })
+                .await;
+        });
+    }
+
+    /// Commands dispatched to a machine that has been gone too long are
+    /// declared lost, so their workers hear about it.
+    async fn watchdog(&self) {
+        let ids: Vec<String> = self
+            .core
+            .workers()
+            .values()
+            .filter(|w| !w.status.is_closed())
+            .flat_map(|w| {
+                w.commands
+                    .iter()
+                    .filter(|(_, c)| !c.done)
+                    .map(|(k, _)| k.clone())
+            })
+            .collect();
+        self.h.commands.lose_offline(&ids, LOST_AFTER).await;
+    }
+}
+
+fn failed(reason: String) -> CommandResult {
+    CommandResult {
+        state: "failed".into(),
+        exit_code: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        duration_ms: 0,
+        reason,
+    }
+}
+
+/// A finished command as the agents see it, with (the start of) its output.
+fn command_result(store: &Store, c: &pb::Command) -> CommandResult {
+    let read = |stream: pb::OutputStream| -> String {
+        let chunks = store
+            .read_output(&c.id, stream as i32, 0, OUTPUT_READ)
+            .unwrap_or_default();
+        let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, b)| b).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    let exited = c.state() == CommandState::Exited;
+    CommandResult {
+        state: c.state().name().to_string(),
+        exit_code: if exited { c.exit_code } else { None },
+        stdout: read(pb::OutputStream::Stdout),
+        stderr: read(pb::OutputStream::Stderr),
+        duration_ms: c
+            .finished_at_ms
+            .saturating_sub(c.started_at_ms.max(c.created_at_ms)),
+        reason: c.reason.clone(),
+    }
+}
+
+/// What the driver asks for: a step naming its snapshot by ID.
+enum JsStep {
+    Run {
+        code: String,
+        clock_ms: u64,
+    },
+    Resume {
+        snapshot: String,
+        call: u32,
+        result: Result<Value, String>,
+    },
+}
+
+/// A step of the server: snapshots come from and go to the store.
+async fn js_step(store: &Store, cfg: &AgentConfig, step: JsStep) -> JsOutcome {
+    let step = match step {
+        JsStep::Run { code, clock_ms } => Step::Run { code, clock_ms },
+        JsStep::Resume {
+            snapshot,
+            call,
+            result,
+        } => match store.get_snapshot(&snapshot) {
+            Ok(Some(bytes)) => Step::Resume {
+                snapshot: bytes,
+                call,
+                result,
+            },
+            Ok(None) => {
+                return error(
+                    ErrorKind::BadSnapshot,
+                    format!("snapshot {snapshot} is missing from the store"),
+                )
+            }
+            Err(e) => return error(ErrorKind::Internal, e.to_string()),
+        },
+    };
+    let keep = |snap: Snapshot| {
+        let id = new_id(Kind::Snapshot);
+        // Durable before the core may refer to it.
+        store
+            .put_snapshot(&id, snap.as_bytes())
+            .and_then(|_| store.flush())
+            .map(|_| id)
+            .map_err(|e| e.to_string())
+    };
+    run_program_step(cfg.js_limits.clone(), &cfg.js_key, &cfg.budgets, step, keep).await
+}
+
+/// A reply as the trigger it is stored as (from `byom`, on its thread).
+fn reply_trigger(r: &Reply) -> pb::Trigger {
+    let mut t = pb::Trigger {
+        id: r.id.clone(),
+        thread_id: r.thread.clone(),
+        source: r.source.clone(),
+        user: "byom".into(),
+        text: r.text.clone(),
+        mention: false,
+        from_bot: true,
+        created_at_ms: byom_wire::now_ms(),
+        reason: "the agent's reply".into(),
+        ..Default::default()
+    };
+    t.set_decision(pb::TriggerDecision::Ignored);
+    t
+}

@@ -1,0 +1,188 @@
+//! The world the agents see in the server: the wall clock, fresh random
+//! IDs, the Router's policies, the machines with their live state, and any
+//! stored object by ID ([`lookup`], also what `byom show` prints for agent
+//! objects).
+
+use std::sync::Arc;
+
+use byom_agent::storage::keys;
+use byom_agent::World;
+use byom_protocol::id::{encode_body, Kind};
+use byom_protocol::pb;
+use byom_store::{Space, Store, StoreError};
+use serde_json::json;
+
+use crate::live::LiveMachines;
+
+/// Bytes of a command's output `recall` can see.
+const RECALL_OUTPUT: usize = 1 << 20;
+/// Messages of a thread `recall` shows.
+const RECALL_THREAD: usize = 50;
+/// Agent records read at once.
+const MAX_RECORDS: usize = 1_000_000;
+
+pub struct LiveWorld {
+    pub store: Store,
+    pub live: Arc<LiveMachines>,
+}
+
+/// A fresh ID of `kind`: time-ordered, random within a millisecond.
+pub fn new_id(kind: Kind) -> String {
+    let mut r = [0u8; 10];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+    format!("{}{}", kind.prefix(), encode_body(byom_wire::now_ms(), r))
+}
+
+impl World for LiveWorld {
+    fn now(&self) -> u64 {
+        byom_wire::now_ms()
+    }
+
+    fn new_id(&mut self, kind: Kind) -> String {
+        new_id(kind)
+    }
+
+    fn policies(&self) -> Vec<String> {
+        self.store
+            .list_policies()
+            .map(|v| {
+                v.into_iter()
+                    .map(|p| format!("{} ({})", p.text, p.id))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn machines(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .store
+            .list_machines()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| !m.revoked)
+            .map(|m| {
+                let mut labels: Vec<String> =
+                    m.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                labels.sort();
+                format!(
+                    "{} ({}, {}{}{})",
+                    m.name,
+                    m.id,
+                    if self.live.online(&m.id) {
+                        "online"
+                    } else {
+                        "offline"
+                    },
+                    if labels.is_empty() { "" } else { ", " },
+                    labels.join(",")
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn lookup(&self, id: &str) -> Option<String> {
+        lookup(&self.store, id)
+    }
+
+    fn thread_source(&self, thread: &str) -> Option<String> {
+        self.store
+            .get_thread(thread)
+            .ok()
+            .flatten()
+            .map(|t| t.source)
+    }
+}
+
+/// (worker, snapshot) for every stored worker whose program is paused on a
+/// snapshot.
+pub fn paused_programs(store: &Store) -> Result<Vec<(String, String)>, StoreError> {
+    let prefix = keys::record(Kind::Worker.prefix());
+    Ok(store
+        .scan_prefix(Space::Agents, &prefix, MAX_RECORDS)?
+        .into_iter()
+        .filter_map(|(k, v)| {
+            // Read loosely: a record this version cannot fully parse still
+            // names the snapshot it needs kept.
+            let w = serde_json::from_slice::<serde_json::Value>(&v).ok()?;
+            let snapshot = w["js"]["snapshot"].as_str()?.to_string();
+            Some((format!("{}{k}", Kind::Worker.prefix()), snapshot))
+        })
+        .collect())
+}
+
+fn command_line(c: &pb::Command) -> String {
+    if c.shell.is_empty() {
+        c.argv.join(" ")
+    } else {
+        c.shell.clone()
+    }
+}
+
+/// The full text of a stored object, for recall/read and `byom show`.
+pub fn lookup(store: &Store, id: &str) -> Option<String> {
+    match Kind::of(id)? {
+        Kind::Trigger => {
+            let t = store.get_trigger(id).ok()??;
+            serde_json::to_string_pretty(&json!({
+                "id": t.id, "thread_id": t.thread_id, "source": t.source, "user": t.user,
+                "text": t.text, "mention": t.mention, "from_bot": t.from_bot,
+                "created_at": byom_protocol::time::rfc3339(t.created_at_ms),
+                "decision": t.decision().name(),
+            }))
+            .ok()
+        }
+        Kind::Thread => {
+            let th = store.get_thread(id).ok()??;
+            let mut ts = store.list_triggers(Some(id), RECALL_THREAD).ok()?;
+            ts.reverse();
+            let mut s = format!("thread {} on {} ({})\n", th.id, th.source, th.external);
+            for t in ts {
+                s.push_str(&format!("{} {}: {}\n", t.id, t.user, t.text));
+            }
+            Some(s)
+        }
+        Kind::Command => {
+            let c = store.get_command(id).ok()??;
+            let read = |stream: pb::OutputStream| -> String {
+                let chunks = store
+                    .read_output(id, stream as i32, 0, RECALL_OUTPUT)
+                    .unwrap_or_default();
+                let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, b)| b).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            };
+            Some(format!(
+                "command {} on {}: {}\nstate: {} exit: {}\nstdout:\n{}\nstderr:\n{}",
+                c.id,
+                c.machine_id,
+                command_line(&c),
+                c.state().name(),
+                c.exit_code
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                read(pb::OutputStream::Stdout),
+                read(pb::OutputStream::Stderr),
+            ))
+        }
+        Kind::Snapshot => {
+            let b = store.get_snapshot(id).ok()??;
+            // The program it belongs to, if it is still paused on it.
+            let owner = paused_programs(store)
+                .ok()?
+                .into_iter()
+                .find(|(_, snp)| snp == id)
+                .map(|(worker, _)| worker);
+            Some(
+                json!({"id": id, "bytes": b.len(), "paused_program_of": owner,
+                       "what": "a paused interpreter's memory (signed, compressed)"})
+                .to_string(),
+            )
+        }
+        Kind::Worker | Kind::Approval => {
+            let b = store.get_raw(Space::Agents, &keys::record(id)).ok()??;
+            String::from_utf8(b).ok()
+        }
+        _ => None,
+    }
+}

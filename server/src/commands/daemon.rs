@@ -1,0 +1,229 @@
+//! The commands service, the gateway's side: what daemons report about
+//! their commands (re-attached or lost after a Hello, taken from the
+//! queue, started, output, waiting for local approval, refused, ended),
+//! written before the daemon hears back.
+
+use byom_protocol::pb::{self, CommandState};
+use byom_store::StoreError;
+
+use super::queue::{self, Action};
+use super::{Commands, ACTIVE};
+use crate::live::LiveMachine;
+
+impl Commands {
+    /// After a daemon's Hello: marks lost what a restarted daemon can no
+    /// longer have; returns what to re-attach to and what to send again.
+    pub async fn reconcile(
+        &self,
+        live: &LiveMachine,
+        hello: &pb::Hello,
+    ) -> Vec<(pb::Command, Action)> {
+        let pending = match self.store().pending_commands(&live.machine_id) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(machine = %live.machine_id, "cannot read the queue: {e}");
+                return Vec::new();
+            }
+        };
+        let now = byom_wire::now_ms();
+        let mut changed = false;
+        let mut out = Vec::new();
+        for (id, action) in queue::plan(&pending, hello) {
+            let Some(c) = pending.iter().find(|c| c.id == id) else {
+                continue;
+            };
+            if action != Action::Lost {
+                out.push((c.clone(), action));
+                continue;
+            }
+            let r = self
+                .store()
+                .transition(&id, ACTIVE, CommandState::Lost, |c| {
+                    c.reason = queue::LOST_REASON.into();
+                    c.finished_at_ms = now;
+                });
+            if let Err(e) = r {
+                tracing::warn!(cmd = %id, "cannot mark lost: {e}");
+            }
+            changed = true;
+            self.notify(&id);
+        }
+        if changed {
+            let _ = self.flush().await;
+        }
+        out
+    }
+
+    /// Takes queued commands of a live machine, oldest first, up to its
+    /// free slots: each is `dispatched` (flushed) before it is returned to
+    /// be sent.
+    pub async fn dispatch_batch(&self, live: &LiveMachine) -> Vec<pb::Command> {
+        if !live.online() || live.paused() {
+            return Vec::new();
+        }
+        let pending = match self.store().pending_commands(&live.machine_id) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(machine = %live.machine_id, "cannot read the queue: {e}");
+                return Vec::new();
+            }
+        };
+        let free = live.max_concurrency.saturating_sub(live.active_count());
+        let now = byom_wire::now_ms();
+        let mut out = Vec::new();
+        for c in pending {
+            if out.len() >= free {
+                break;
+            }
+            if c.state() != CommandState::Queued || queue::expired(&c, now) {
+                continue; // the sweeper fails expired ones
+            }
+            let r = self.store().transition(
+                &c.id,
+                &[CommandState::Queued],
+                CommandState::Dispatched,
+                |c| {
+                    c.dispatched_at_ms = now;
+                    c.instance_id = live.instance_id.clone();
+                },
+            );
+            match r {
+                Ok(Some(c)) => out.push(c),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(cmd = %c.id, "cannot dispatch: {e}"),
+            }
+        }
+        if out.is_empty() {
+            return out;
+        }
+        // Durable before the daemon can act on any of them.
+        if let Err(e) = self.flush().await {
+            tracing::error!("flush failed, not dispatching: {e}");
+            return Vec::new();
+        }
+        for c in &out {
+            self.notify(&c.id);
+        }
+        out
+    }
+
+    pub fn started(&self, id: &str, pid: u32, started_at_ms: u64) -> Result<(), StoreError> {
+        self.store().transition(
+            id,
+            &[
+                CommandState::Dispatched,
+                CommandState::AwaitingLocalApproval,
+            ],
+            CommandState::Running,
+            |c| {
+                c.pid = pid;
+                c.started_at_ms = started_at_ms;
+            },
+        )?;
+        self.notify(id);
+        Ok(())
+    }
+
+    /// Stores an output chunk. Output implies the command runs (its
+    /// `Started` may have gone to an earlier connection): `running` says
+    /// whether that is known yet, and becomes true.
+    pub fn output(&self, id: &str, o: &pb::Output, running: &mut bool) -> Result<(), StoreError> {
+        let stream = if o.stream == pb::OutputStream::Stderr as i32 {
+            2
+        } else {
+            1
+        };
+        self.store().append_output(id, stream, o.offset, &o.data)?;
+        if !*running {
+            *running = true;
+            let _ = self.store().transition(
+                id,
+                &[CommandState::Dispatched],
+                CommandState::Running,
+                |_| {},
+            );
+        }
+        self.notify(id);
+        Ok(())
+    }
+
+    /// The daemon's exit record, durable before the daemon may forget it.
+    pub async fn exited(&self, id: &str, x: &pb::Exit) -> Result<(), StoreError> {
+        let state = match x.state() {
+            s if s.is_terminal() => s,
+            _ => CommandState::Failed,
+        };
+        self.store().transition(id, ACTIVE, state, |c| {
+            c.exit_code = x.exit_code;
+            c.signal = x.signal;
+            c.duration_ms = x.duration_ms;
+            c.stdout_bytes = x.stdout_bytes;
+            c.stderr_bytes = x.stderr_bytes;
+            c.truncated = x.truncated;
+            c.reason = x.reason.clone();
+            if c.started_at_ms == 0 {
+                c.started_at_ms = x.started_at_ms;
+            }
+            c.finished_at_ms = if x.finished_at_ms != 0 {
+                x.finished_at_ms
+            } else {
+                byom_wire::now_ms()
+            };
+        })?;
+        self.flush().await?;
+        self.notify(id);
+        Ok(())
+    }
+
+    /// The machine's owner must approve it locally first.
+    pub fn awaiting_approval(&self, id: &str, rule: &str) -> Result<(), StoreError> {
+        self.store().transition(
+            id,
+            &[CommandState::Dispatched],
+            CommandState::AwaitingLocalApproval,
+            |c| {
+                c.reason =
+                    format!("waiting for the machine's owner to approve it locally ({rule})");
+            },
+        )?;
+        self.notify(id);
+        Ok(())
+    }
+
+    /// Refused before it started because the daemon is paused: back in
+    /// the queue until it resumes.
+    pub async fn requeue(&self, id: &str) -> Result<(), StoreError> {
+        self.store()
+            .transition(id, &[CommandState::Dispatched], CommandState::Queued, |c| {
+                c.instance_id.clear();
+                c.dispatched_at_ms = 0;
+            })?;
+        self.flush().await?;
+        self.notify(id);
+        Ok(())
+    }
+
+    /// The daemon refused the command or no longer knows it.
+    pub async fn refused(&self, id: &str, code: &str, message: &str) -> Result<(), StoreError> {
+        let (state, reason) = match code {
+            "unknown_command" => (
+                CommandState::Lost,
+                format!("the daemon no longer has this command: {message}"),
+            ),
+            "already_ran" => (
+                CommandState::Lost,
+                format!(
+                    "the daemon already ran this command and no longer holds its result: {message}"
+                ),
+            ),
+            _ => (CommandState::Failed, format!("{code}: {message}")),
+        };
+        self.store().transition(id, ACTIVE, state, |c| {
+            c.reason = reason.clone();
+            c.finished_at_ms = byom_wire::now_ms();
+        })?;
+        self.flush().await?;
+        self.notify(id);
+        Ok(())
+    }
+}

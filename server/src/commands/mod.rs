@@ -1,0 +1,456 @@
+//! The commands service: the only writer of command state. People (the
+//! API) and agents create commands here with one validation and one
+//! machine picker; the gateway reports what daemons say through it; the
+//! queue sweeper, the agents' watchdog and revocation end commands through
+//! it. Every change is written (and, where something is acted on or
+//! acknowledged, flushed) before anyone hears of it, and wakes whoever
+//! watches the command.
+//!
+//! It never talks to a daemon: a machine with new work is woken
+//! ([`crate::live::LiveMachine::wake`]) and the gateway's dispatcher for
+//! that connection takes the work ([`Commands::dispatch_batch`]).
+
+mod daemon;
+pub mod queue;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use byom_protocol::id::CommandId;
+use byom_protocol::limits;
+use byom_protocol::pb::{self, CommandState};
+use byom_store::{Store, StoreError};
+use tokio::sync::watch;
+
+use crate::live::decorate;
+use crate::live::LiveMachines;
+use queue::Candidate;
+
+/// States of a command the daemon has (or may have) received.
+pub const ACTIVE: &[CommandState] = &[
+    CommandState::Dispatched,
+    CommandState::Running,
+    CommandState::AwaitingLocalApproval,
+];
+
+/// A waiter's safety net in case a notification is missed.
+const WAIT_POLL: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    /// Not possible in the command's or the machine's current state.
+    #[error("{0}")]
+    Refused(String),
+    /// Possible later: no machine is available now.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Full(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Which machine a new command runs on.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// By ID or name.
+    Machine(String),
+    /// The least busy available machine with all these labels.
+    Labels(BTreeMap<String, String>),
+}
+
+/// A command to create.
+#[derive(Debug, Clone)]
+pub struct NewCommand {
+    /// The agents choose IDs (a replayed step then creates nothing new);
+    /// `None`: a fresh one.
+    pub id: Option<String>,
+    pub target: Target,
+    pub argv: Vec<String>,
+    pub shell: String,
+    pub cwd: String,
+    pub env: HashMap<String, String>,
+    pub stdin: Vec<u8>,
+    pub timeout_ms: u64,
+    /// 0: the default queue TTL.
+    pub queue_ttl_ms: u64,
+    pub requested_by: String,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+#[derive(Clone)]
+pub struct Commands {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    live: Arc<LiveMachines>,
+    /// Command → a counter bumped on every change, for watchers.
+    watchers: Mutex<HashMap<String, watch::Sender<u64>>>,
+}
+
+impl Commands {
+    pub fn new(store: Store, live: Arc<LiveMachines>) -> Commands {
+        Commands {
+            inner: Arc::new(Inner {
+                store,
+                live,
+                watchers: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Wakes everyone watching a command.
+    fn notify(&self, cmd: &str) {
+        if let Ok(mut w) = self.inner.watchers.lock() {
+            if let Some(tx) = w.get(cmd) {
+                if tx.receiver_count() == 0 {
+                    w.remove(cmd);
+                } else {
+                    tx.send_modify(|v| *v += 1);
+                }
+            }
+        }
+    }
+
+    /// Subscribe before reading the store, so no change is missed.
+    pub fn subscribe(&self, cmd: &str) -> watch::Receiver<u64> {
+        match self.inner.watchers.lock() {
+            Ok(mut w) => w
+                .entry(cmd.to_string())
+                .or_insert_with(|| watch::channel(0).0)
+                .subscribe(),
+            // A poisoned lock: watchers fall back to polling.
+            Err(_) => watch::channel(0).1,
+        }
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.store().flush_async().await
+    }
+
+    // ── creating ──
+
+    fn resolve(&self, target: &Target) -> Result<pb::Machine, CommandError> {
+        match target {
+            Target::Machine(m) => self.store().resolve_machine(m)?.ok_or_else(|| {
+                CommandError::NotFound(format!("no machine {m:?}: see `byom machines ls`"))
+            }),
+            Target::Labels(want) => {
+                let candidates: Vec<Candidate> = self
+                    .store()
+                    .list_machines()?
+                    .into_iter()
+                    .map(|m| {
+                        let m = decorate(self.store(), &self.inner.live, m);
+                        Candidate {
+                            online: m.online,
+                            paused: m.paused,
+                            load: m.running_commands + m.queued_commands,
+                            machine: m,
+                        }
+                    })
+                    .collect();
+                queue::pick(&candidates, want).map_err(|e| match e {
+                    queue::PickError::NoMatch(_) => CommandError::NotFound(e.to_string()),
+                    queue::PickError::Unavailable { .. } => {
+                        CommandError::Unavailable(e.to_string())
+                    }
+                })
+            }
+        }
+    }
+
+    /// Validates, picks the machine, stores the command `queued` (flushed)
+    /// and wakes the machine's dispatcher.
+    pub async fn create(&self, n: NewCommand) -> Result<pb::Command, CommandError> {
+        let invalid = |m: String| Err(CommandError::Invalid(m));
+        if let Some(id) = &n.id {
+            if CommandId::parse(id).is_err() {
+                return invalid(format!("{id:?} is not a command ID"));
+            }
+        }
+        if n.argv.is_empty() == n.shell.is_empty() {
+            return invalid("give either argv or a shell command line".into());
+        }
+        let line: usize = n.argv.iter().map(|a| a.len() + 1).sum::<usize>() + n.shell.len();
+        if line > limits::MAX_COMMAND_LINE_BYTES {
+            return invalid(format!(
+                "command line too long: {line} bytes, limit {}",
+                limits::MAX_COMMAND_LINE_BYTES
+            ));
+        }
+        if n.stdin.len() > limits::MAX_STDIN_BYTES {
+            return invalid(format!(
+                "stdin too large: {} bytes, limit {}",
+                n.stdin.len(),
+                limits::MAX_STDIN_BYTES
+            ));
+        }
+        if n.env.len() > limits::MAX_ENV_VARS {
+            return invalid(format!(
+                "at most {} environment variables",
+                limits::MAX_ENV_VARS
+            ));
+        }
+        if n.env
+            .keys()
+            .any(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        {
+            return invalid("bad environment variable name".into());
+        }
+        if n.timeout_ms > ms(limits::MAX_COMMAND_TIMEOUT) {
+            return invalid("timeout too long: at most 7 days".into());
+        }
+        let m = self.resolve(&n.target)?;
+        if m.revoked {
+            return Err(CommandError::Refused(format!(
+                "machine {} was revoked; pair it again with a new token",
+                m.name
+            )));
+        }
+        let pending = self.store().pending_commands(&m.id)?;
+        if pending.len() >= limits::MAX_QUEUED_PER_MACHINE {
+            return Err(CommandError::Full(format!(
+                "machine {} already has {} commands waiting; cancel some or wait",
+                m.name,
+                pending.len()
+            )));
+        }
+        let ttl = if n.queue_ttl_ms == 0 {
+            ms(limits::DEFAULT_QUEUE_TTL)
+        } else {
+            n.queue_ttl_ms.min(ms(limits::MAX_QUEUE_TTL))
+        };
+        let now = byom_wire::now_ms();
+        let c = pb::Command {
+            id: n.id.unwrap_or_else(|| CommandId::new(now).to_string()),
+            machine_id: m.id.clone(),
+            argv: n.argv,
+            shell: n.shell,
+            cwd: n.cwd,
+            env: n.env,
+            stdin: n.stdin,
+            timeout_ms: n.timeout_ms,
+            state: CommandState::Queued as i32,
+            created_at_ms: now,
+            queue_deadline_ms: now + ttl,
+            requested_by: n.requested_by,
+            ..Default::default()
+        };
+        self.store().create_command(&c)?;
+        // Acknowledged only once durable.
+        self.flush().await?;
+        if let Some(live) = self.inner.live.get(&m.id) {
+            live.wake();
+        }
+        Ok(c)
+    }
+
+    /// The agents' create: the worker chose the ID, so a step replayed
+    /// after a restart finds the command and creates nothing.
+    pub async fn ensure(
+        &self,
+        id: &str,
+        requested_by: &str,
+        target: Target,
+        shell: &str,
+        timeout_ms: u64,
+    ) -> Result<(), CommandError> {
+        if self.store().get_command(id)?.is_some() {
+            return Ok(());
+        }
+        if shell.is_empty() {
+            return Err(CommandError::Invalid("the command text was lost".into()));
+        }
+        self.create(NewCommand {
+            id: Some(id.to_string()),
+            target,
+            argv: Vec::new(),
+            shell: shell.to_string(),
+            cwd: String::new(),
+            env: HashMap::new(),
+            stdin: Vec::new(),
+            // A model's timeout is a wish: the longest allowed serves it.
+            timeout_ms: timeout_ms.min(ms(limits::MAX_COMMAND_TIMEOUT)),
+            queue_ttl_ms: 0,
+            requested_by: requested_by.to_string(),
+        })
+        .await
+        .map(|_| ())
+    }
+
+    // ── ending ──
+
+    /// Cancels a command: a queued one at once, one on a machine by asking
+    /// its daemon (the end arrives as the daemon reports it).
+    pub async fn cancel(&self, id: &str, reason: &str) -> Result<pb::Command, CommandError> {
+        let store = self.store();
+        let c = store.get_command(id)?.ok_or_else(|| {
+            CommandError::NotFound(format!("no command {id}: see `byom commands ls`"))
+        })?;
+        if c.state().is_terminal() {
+            return Err(CommandError::Refused(format!(
+                "{} already finished ({})",
+                c.id,
+                c.state().name()
+            )));
+        }
+        let now = byom_wire::now_ms();
+        let c =
+            match store.transition(id, &[CommandState::Queued], CommandState::Cancelled, |c| {
+                c.reason = reason.to_string();
+                c.finished_at_ms = now;
+            })? {
+                Some(c) => c,
+                None => {
+                    let c = store.update_command(id, |c| {
+                        if !c.state().is_terminal() {
+                            c.cancel_requested = true;
+                        }
+                        Ok(())
+                    })?;
+                    if !c.state().is_terminal() {
+                        if let Some(live) = self.inner.live.get(&c.machine_id) {
+                            live.cancel(&c.id, reason);
+                        }
+                    }
+                    c
+                }
+            };
+        self.flush().await?;
+        self.notify(&c.id);
+        Ok(c)
+    }
+
+    /// Waits until a command ends and returns its final record.
+    pub async fn wait_end(&self, id: &str) -> Result<pb::Command, CommandError> {
+        let mut rx = self.subscribe(id);
+        loop {
+            match self.store().get_command(id) {
+                Ok(Some(c)) if c.state().is_terminal() => return Ok(c),
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(CommandError::NotFound(format!(
+                        "{id} disappeared from the store"
+                    )))
+                }
+                Err(e) => tracing::warn!("reading {id}: {e}"),
+            }
+            // Woken on every change; the timeout covers a missed wake-up.
+            let _ = tokio::time::timeout(WAIT_POLL, rx.changed()).await;
+        }
+    }
+
+    /// Fails queued commands whose queue TTL passed without their machine
+    /// taking them.
+    pub async fn sweep_expired(&self) {
+        let pending = match self.store().all_pending() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("queue sweep failed: {e}");
+                return;
+            }
+        };
+        let now = byom_wire::now_ms();
+        let mut changed = false;
+        for c in pending.iter().filter(|c| queue::expired(c, now)) {
+            let r = self.store().transition(
+                &c.id,
+                &[CommandState::Queued],
+                CommandState::Failed,
+                |c| {
+                    c.reason =
+                        "not delivered: the machine did not connect before the queue TTL ran out"
+                            .into();
+                    c.finished_at_ms = now;
+                },
+            );
+            match r {
+                Ok(Some(_)) => {
+                    changed = true;
+                    self.notify(&c.id);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(cmd = %c.id, "cannot expire command: {e}"),
+            }
+        }
+        if changed {
+            if let Err(e) = self.flush().await {
+                tracing::warn!("flush failed: {e}");
+            }
+        }
+    }
+
+    /// Of `ids`, declares `lost` those dispatched to a machine that has
+    /// been gone longer than `lost_after`.
+    pub async fn lose_offline(&self, ids: &[String], lost_after: Duration) {
+        let now = byom_wire::now_ms();
+        for id in ids {
+            let Ok(Some(c)) = self.store().get_command(id) else {
+                continue;
+            };
+            let online = self.inner.live.get(&c.machine_id).is_some();
+            let seen = self
+                .store()
+                .get_machine(&c.machine_id)
+                .ok()
+                .flatten()
+                .map(|m| m.last_seen_ms)
+                .unwrap_or(0);
+            if !queue::lost_offline(&c, online, seen, now, ms(lost_after)) {
+                continue;
+            }
+            let r = self.store().transition(
+                id,
+                &[CommandState::Dispatched, CommandState::Running],
+                CommandState::Lost,
+                |c| {
+                    c.reason = format!(
+                        "its machine has been offline for over {} minutes",
+                        lost_after.as_secs() / 60
+                    );
+                    c.finished_at_ms = now;
+                },
+            );
+            if let Ok(Some(_)) = r {
+                let _ = self.flush().await;
+                self.notify(id);
+            }
+        }
+    }
+
+    /// A revoked machine runs nothing again: its queued commands are
+    /// cancelled, those it had are lost.
+    pub async fn machine_revoked(&self, machine_id: &str, reason: &str) -> Result<(), StoreError> {
+        let now = byom_wire::now_ms();
+        for c in self.store().pending_commands(machine_id)? {
+            let to = if c.state() == CommandState::Queued {
+                CommandState::Cancelled
+            } else {
+                CommandState::Lost
+            };
+            let mut from = vec![CommandState::Queued];
+            from.extend_from_slice(ACTIVE);
+            let _ = self.store().transition(&c.id, &from, to, |c| {
+                c.reason = format!("machine revoked: {reason}");
+                c.finished_at_ms = now;
+            });
+            self.notify(&c.id);
+        }
+        self.flush().await
+    }
+}

@@ -1,0 +1,158 @@
+//! Daemons connected to this server right now. Nothing here is durable: a
+//! restarted server rebuilds it from daemons reconnecting.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use byom_protocol::pb::{self, CommandState};
+use byom_store::Store;
+use tokio::sync::{mpsc, Notify};
+
+/// A connected daemon.
+pub struct LiveMachine {
+    pub machine_id: String,
+    pub conn: quinn::Connection,
+    /// The daemon process's ID: a different one means it restarted.
+    pub instance_id: String,
+    /// Tells this connection from a newer one of the same machine.
+    pub generation: u64,
+    pub max_concurrency: usize,
+    /// The owner paused the daemon: dispatch nothing.
+    pub paused: AtomicBool,
+    /// Commands with an open stream on this connection → their cancel bell.
+    active: Mutex<HashMap<String, mpsc::Sender<String>>>,
+    /// Rung whenever this machine may have commands to dispatch.
+    work: Notify,
+}
+
+impl LiveMachine {
+    pub fn new(
+        machine_id: String,
+        conn: quinn::Connection,
+        instance_id: String,
+        generation: u64,
+        max_concurrency: usize,
+        paused: bool,
+    ) -> LiveMachine {
+        LiveMachine {
+            machine_id,
+            conn,
+            instance_id,
+            generation,
+            max_concurrency,
+            paused: AtomicBool::new(paused),
+            active: Mutex::new(HashMap::new()),
+            work: Notify::new(),
+        }
+    }
+
+    pub fn online(&self) -> bool {
+        self.conn.close_reason().is_none()
+    }
+
+    pub fn paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::SeqCst);
+        if !paused {
+            self.wake();
+        }
+    }
+
+    /// Commands with a stream open now.
+    pub fn active_count(&self) -> usize {
+        self.active.lock().map(|a| a.len()).unwrap_or(0)
+    }
+
+    /// A command's stream opened: `tx` reaches it with cancel reasons.
+    pub fn track(&self, cmd: &str, tx: mpsc::Sender<String>) {
+        if let Ok(mut a) = self.active.lock() {
+            a.insert(cmd.to_string(), tx);
+        }
+    }
+
+    /// A command's stream closed: a slot is free.
+    pub fn untrack(&self, cmd: &str) {
+        if let Ok(mut a) = self.active.lock() {
+            a.remove(cmd);
+        }
+        self.wake();
+    }
+
+    /// Asks the daemon to stop a command it runs; false if none is open here.
+    pub fn cancel(&self, cmd: &str, reason: &str) -> bool {
+        let tx = self.active.lock().ok().and_then(|a| a.get(cmd).cloned());
+        match tx {
+            Some(tx) => tx.try_send(reason.to_string()).is_ok(),
+            None => false,
+        }
+    }
+
+    /// There may be work: the machine's dispatcher looks at its queue.
+    pub fn wake(&self) {
+        self.work.notify_one();
+    }
+
+    /// Waits until [`LiveMachine::wake`] was called (a call made before
+    /// anyone waited counts).
+    pub async fn woken(&self) {
+        self.work.notified().await;
+    }
+}
+
+/// The map of live connections, one per machine.
+#[derive(Default)]
+pub struct LiveMachines(Mutex<HashMap<String, Arc<LiveMachine>>>);
+
+impl LiveMachines {
+    pub fn get(&self, machine_id: &str) -> Option<Arc<LiveMachine>> {
+        self.0.lock().ok()?.get(machine_id).cloned()
+    }
+
+    /// Whether the machine has an open connection now.
+    pub fn online(&self, machine_id: &str) -> bool {
+        self.get(machine_id).is_some_and(|l| l.online())
+    }
+
+    /// Adds a connection, returning the one it replaces.
+    pub fn insert(&self, live: Arc<LiveMachine>) -> Option<Arc<LiveMachine>> {
+        self.0.lock().ok()?.insert(live.machine_id.clone(), live)
+    }
+
+    /// Removes the machine's connection if it is still `generation`.
+    pub fn remove_if(&self, machine_id: &str, generation: u64) -> bool {
+        let Ok(mut l) = self.0.lock() else {
+            return false;
+        };
+        if l.get(machine_id).map(|x| x.generation) == Some(generation) {
+            l.remove(machine_id);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn remove(&self, machine_id: &str) -> Option<Arc<LiveMachine>> {
+        self.0.lock().ok()?.remove(machine_id)
+    }
+}
+
+/// A stored machine with what only a live server knows: online, paused,
+/// how many commands it runs and has queued.
+pub fn decorate(store: &Store, live: &LiveMachines, mut m: pb::Machine) -> pb::Machine {
+    if let Some(l) = live.get(&m.id) {
+        m.online = l.online();
+        m.paused = l.paused();
+        m.running_commands = l.active_count() as u32;
+    }
+    if let Ok(p) = store.pending_commands(&m.id) {
+        m.queued_commands = p
+            .iter()
+            .filter(|c| c.state() == CommandState::Queued)
+            .count() as u32;
+    }
+    m
+}

@@ -1,0 +1,405 @@
+//! `byom server`: checks its configuration, opens the store and the PKI,
+//! binds the QUIC gateway (with its TCP fallback), the admin API and the
+//! webhook port, writes the bound addresses to `<data-dir>/server.json`,
+//! hands each task the few handles it needs, and runs until SIGTERM or
+//! SIGINT. Everything it holds in memory (live connections, watchers) is
+//! rebuilt from the store and from daemons reconnecting, so `kill -9` at
+//! any instant loses nothing acknowledged.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use byom_agent::Budgets;
+use byom_store::Store;
+use tokio_util::sync::CancellationToken;
+
+use crate::agents::driver::{self, AgentConfig};
+use crate::agents::AgentInbox;
+use crate::commands::Commands;
+use crate::gateway::{Gateway, Transport};
+use crate::identity::ServerIdentity;
+use crate::live::LiveMachines;
+pub use crate::model::ModelOptions;
+use crate::pki::Pki;
+use crate::tls::RevokedSet;
+use crate::triggers::Triggers;
+
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub data_dir: PathBuf,
+    pub listen_quic: SocketAddr,
+    pub listen_api: SocketAddr,
+    /// TCP address of the fallback transport (QUIC tunnelled in TLS over
+    /// TCP) for daemons whose UDP is blocked. Default: the QUIC port, on TCP.
+    pub listen_tcp: Option<SocketAddr>,
+    /// Address daemons dial (goes into pairing tokens). Defaults to the bound
+    /// QUIC address, with an unspecified IP replaced by this host's name.
+    pub public_addr: Option<String>,
+    pub cert_ttl: Duration,
+    /// HTTP address for webhooks (POST /hooks/SOURCE, HMAC-signed).
+    pub listen_webhook: SocketAddr,
+    pub models: ModelOptions,
+}
+
+/// Written to `<data-dir>/server.json` (and the API address to
+/// `<data-dir>/admin/api.json`) for the CLI, tests and the demo.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ServerInfo {
+    pub quic_addr: String,
+    pub tcp_addr: String,
+    pub webhook_addr: String,
+    pub api_addr: String,
+    pub public_addr: String,
+    pub ca_sha256: String,
+    pub pid: u32,
+    pub version: String,
+}
+
+/// How often queued commands are checked against their TTL.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// Ephemeral QUIC ports tried for one whose TCP twin is free too.
+const MATCHING_PORT_TRIES: usize = 64;
+/// TLS handshakes on the TCP fallback in progress at once.
+const MAX_TUNNEL_HANDSHAKES: usize = 256;
+/// Longest a TCP fallback handshake may take.
+const TUNNEL_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long tasks get to finish at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// The sockets the server listens on.
+struct Bound {
+    quic: std::net::UdpSocket,
+    tcp: tokio::net::TcpListener,
+    api: tokio::net::TcpListener,
+    webhook: tokio::net::TcpListener,
+}
+
+async fn bind(opts: &ServerOptions) -> anyhow::Result<Bound> {
+    // Daemons look for the TCP fallback on the QUIC port number; an
+    // ephemeral port is chosen so that both are free on it.
+    let mut pair = None;
+    if opts.listen_quic.port() == 0 && opts.listen_tcp.is_none() {
+        for _ in 0..MATCHING_PORT_TRIES {
+            let udp = std::net::UdpSocket::bind(opts.listen_quic)
+                .with_context(|| format!("cannot bind QUIC on {}", opts.listen_quic))?;
+            if let Ok(tcp) = std::net::TcpListener::bind(udp.local_addr()?) {
+                pair = Some((udp, tcp));
+                break;
+            }
+        }
+    }
+    let (quic, same_port_tcp) = match pair {
+        Some((udp, tcp)) => (udp, Some(tcp)),
+        None => (
+            std::net::UdpSocket::bind(opts.listen_quic)
+                .with_context(|| format!("cannot bind QUIC on {}", opts.listen_quic))?,
+            None,
+        ),
+    };
+    let quic_addr = quic.local_addr()?;
+    let api = tokio::net::TcpListener::bind(opts.listen_api)
+        .await
+        .with_context(|| format!("cannot bind the API on {}", opts.listen_api))?;
+    let tcp = match (opts.listen_tcp, same_port_tcp) {
+        (_, Some(l)) => {
+            l.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(l)?
+        }
+        (Some(a), None) => tokio::net::TcpListener::bind(a)
+            .await
+            .with_context(|| format!("cannot bind the TCP fallback on {a}"))?,
+        (None, None) => match tokio::net::TcpListener::bind(quic_addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(
+                    "TCP port {} is taken ({e}); the TCP fallback uses another port, where daemons will not look for it",
+                    quic_addr.port()
+                );
+                tokio::net::TcpListener::bind(SocketAddr::new(quic_addr.ip(), 0)).await?
+            }
+        },
+    };
+    let webhook = tokio::net::TcpListener::bind(opts.listen_webhook)
+        .await
+        .with_context(|| format!("cannot bind webhooks on {}", opts.listen_webhook))?;
+    Ok(Bound {
+        quic,
+        tcp,
+        api,
+        webhook,
+    })
+}
+
+/// The server's identity: PKI (certificates naming the public host) and
+/// the machines it refuses.
+fn identity(
+    opts: &ServerOptions,
+    store: &Store,
+    quic_addr: SocketAddr,
+) -> anyhow::Result<ServerIdentity> {
+    let public_addr = match &opts.public_addr {
+        Some(a) => a.clone(),
+        None if quic_addr.ip().is_unspecified() => {
+            format!("{}:{}", byom_wire::hostname(), quic_addr.port())
+        }
+        None => quic_addr.to_string(),
+    };
+    let public_host = public_addr
+        .rsplit_once(':')
+        .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
+        .unwrap_or_default();
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    if !public_host.is_empty() && !names.contains(&public_host) {
+        names.push(public_host);
+    }
+    let pki = Pki::load_or_create(&opts.data_dir, &names).context("cannot set up the PKI")?;
+    let revoked = Arc::new(RevokedSet::default());
+    for m in store.list_machines()? {
+        if m.revoked {
+            revoked.insert(&m.id);
+        }
+    }
+    Ok(ServerIdentity {
+        pki,
+        revoked,
+        public_addr,
+        quic_addr,
+        cert_ttl: opts.cert_ttl,
+    })
+}
+
+/// Runs the server until SIGTERM or SIGINT.
+pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&opts.data_dir)
+        .with_context(|| format!("cannot create data dir {}", opts.data_dir.display()))?;
+    // Configuration errors first, before anything is opened or bound.
+    let agent_cfg = agent_config(&opts)?;
+    let rules = crate::triggers::load_rules(&opts.data_dir)?;
+    let store = Store::open_sled(&opts.data_dir.join("store"))
+        .with_context(|| format!("cannot open the store in {}", opts.data_dir.display()))?;
+    let bound = bind(&opts).await?;
+    let quic_addr = bound.quic.local_addr()?;
+    let tcp_addr = bound.tcp.local_addr()?;
+    let api_addr = bound.api.local_addr()?;
+    let webhook_addr = bound.webhook.local_addr()?;
+    let webhook_path = opts.data_dir.join("webhook.key");
+    let webhook_key = byom_wire::load_or_create_key(&webhook_path)
+        .with_context(|| format!("cannot read or write {}", webhook_path.display()))?;
+    let identity = Arc::new(identity(&opts, &store, quic_addr)?);
+
+    // The handles: each task gets the ones it needs.
+    let shutdown = CancellationToken::new();
+    let live = Arc::new(LiveMachines::default());
+    let commands = Commands::new(store.clone(), live.clone());
+    let inbox = AgentInbox::new(store.clone());
+    let triggers = Triggers::new(store.clone(), rules, inbox.clone());
+
+    let quic_cfg = crate::tls::quic_server_config(&identity.pki, identity.revoked.clone())?;
+    let endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(quic_cfg),
+        bound.quic,
+        Arc::new(quinn::TokioRuntime),
+    )?;
+    let tunnel = Arc::new(byom_wire::tunnel::StreamSocket::new());
+    let tcp_endpoint = quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        Some(crate::tls::quic_server_config(
+            &identity.pki,
+            identity.revoked.clone(),
+        )?),
+        tunnel.clone(),
+        Arc::new(quinn::TokioRuntime),
+    )?;
+    let api_tls = crate::tls::api_server_config(&identity.pki)?;
+    let outer_tls = crate::tls::tunnel_server_config(&identity.pki)?;
+
+    let info = ServerInfo {
+        quic_addr: quic_addr.to_string(),
+        tcp_addr: tcp_addr.to_string(),
+        webhook_addr: webhook_addr.to_string(),
+        api_addr: api_addr.to_string(),
+        public_addr: identity.public_addr.clone(),
+        ca_sha256: byom_wire::hex(&identity.pki.ca_sha256),
+        pid: std::process::id(),
+        version: byom_protocol::VERSION.to_string(),
+    };
+    // server.json last: it is the "ready" signal scripts wait for, and the
+    // CLI they then run needs api.json.
+    byom_wire::write_atomic(
+        &opts.data_dir.join("admin").join("api.json"),
+        &serde_json::to_vec_pretty(&serde_json::json!({ "api_addr": api_addr.to_string() }))?,
+        0o644,
+    )?;
+    byom_wire::write_atomic(
+        &opts.data_dir.join("server.json"),
+        &serde_json::to_vec_pretty(&info)?,
+        0o644,
+    )?;
+    tracing::info!(quic = %quic_addr, tcp = %tcp_addr, api = %api_addr, data_dir = %opts.data_dir.display(), "byom server listening");
+
+    let gw = Gateway {
+        store: store.clone(),
+        identity: identity.clone(),
+        live: live.clone(),
+        commands: commands.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let quic_transport = Arc::new(Transport {
+        name: "quic",
+        tunnel: None,
+    });
+    let tcp_transport = Arc::new(Transport {
+        name: "tcp",
+        tunnel: Some(tunnel.clone()),
+    });
+    let gw_quic = tokio::spawn(crate::gateway::serve(
+        gw.clone(),
+        endpoint.clone(),
+        quic_transport,
+    ));
+    let gw_tcp = tokio::spawn(crate::gateway::serve(
+        gw,
+        tcp_endpoint.clone(),
+        tcp_transport,
+    ));
+    let webhooks = tokio::spawn(crate::webhook::serve(
+        triggers.clone(),
+        bound.webhook,
+        webhook_key,
+        shutdown.clone(),
+    ));
+    let tcp_accept = tokio::spawn(accept_tunnels(
+        bound.tcp,
+        outer_tls,
+        tunnel,
+        shutdown.clone(),
+    ));
+    let api = crate::admin::Api {
+        store: store.clone(),
+        identity,
+        live: live.clone(),
+        commands: commands.clone(),
+        triggers: triggers.clone(),
+        agents: inbox.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let api = tokio::spawn(crate::admin::serve(api, bound.api, api_tls));
+    let sweeper = tokio::spawn(sweep_queue(commands.clone(), shutdown.clone()));
+    let agents = tokio::spawn(driver::run(
+        driver::Handles {
+            store: store.clone(),
+            live,
+            commands,
+            triggers,
+            inbox,
+            shutdown: shutdown.clone(),
+        },
+        agent_cfg,
+    ));
+
+    byom_wire::shutdown_signal().await;
+    tracing::info!("shutting down: work stays in the store");
+    shutdown.cancel();
+    endpoint.close(0u32.into(), b"server shutting down");
+    tcp_endpoint.close(0u32.into(), b"server shutting down");
+    tcp_accept.abort();
+    webhooks.abort();
+    gw_tcp.abort();
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        let _ = gw_quic.await;
+        let _ = api.await;
+        let _ = sweeper.await;
+        let _ = agents.await;
+    })
+    .await;
+    store.flush_async().await?;
+    Ok(())
+}
+
+/// Models, budgets (`<data-dir>/agents.toml`, `[budgets]`, validated) and
+/// the interpreter's snapshot key (`<data-dir>/js-snapshot.key`).
+fn agent_config(opts: &ServerOptions) -> anyhow::Result<AgentConfig> {
+    let m = &opts.models;
+    let router = m.router_model.clone().unwrap_or_else(|| m.model.clone());
+    let worker = m.worker_model.clone().unwrap_or_else(|| m.model.clone());
+    let path = opts.data_dir.join("agents.toml");
+    let budgets = match std::fs::read_to_string(&path) {
+        Ok(t) => Budgets::from_toml(&t)
+            .map_err(|e| anyhow::anyhow!("{} is not valid: {e}", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Budgets::default(),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let key_path = opts.data_dir.join("js-snapshot.key");
+    let js_key = byom_wire::load_or_create_key(&key_path)
+        .with_context(|| format!("cannot read or write {}", key_path.display()))?;
+    tracing::info!(router = %router, worker = %worker, "agent models");
+    Ok(AgentConfig {
+        router_model: crate::model::from_spec(&router, m)?,
+        worker_model: crate::model::from_spec(&worker, m)?,
+        budgets,
+        retry: crate::model::RetryPolicy::default(),
+        js_key,
+        js_limits: byom_sandbox::Limits {
+            wall_clock: Duration::from_secs(10),
+            ..byom_sandbox::Limits::default()
+        },
+    })
+}
+
+/// Accepts TLS-over-TCP connections and attaches each to the tunnel socket
+/// the second QUIC endpoint reads from.
+async fn accept_tunnels(
+    listener: tokio::net::TcpListener,
+    tls: rustls::ServerConfig,
+    tunnel: Arc<byom_wire::tunnel::StreamSocket>,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_TUNNEL_HANDSHAKES));
+    loop {
+        let (tcp, remote) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("TCP fallback accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            continue;
+        };
+        let acceptor = acceptor.clone();
+        let tunnel = tunnel.clone();
+        tokio::spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            let tls =
+                match tokio::time::timeout(TUNNEL_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(t)) => t,
+                    _ => return,
+                };
+            drop(permit);
+            tracing::debug!(%remote, "TCP fallback connection");
+            tunnel.attach(tls, remote.to_string());
+        });
+    }
+}
+
+/// Fails queued commands whose queue TTL passed without their machine
+/// connecting.
+async fn sweep_queue(commands: Commands, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        commands.sweep_expired().await;
+    }
+}

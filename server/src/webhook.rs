@@ -1,0 +1,241 @@
+//! The generic webhook endpoint: `POST /hooks/SOURCE` with a JSON body
+//! `{"thread": …, "user": …, "text": …, "mention": bool, "from_bot": bool}`
+//! and `X-Byom-Signature: sha256=HEX`, the HMAC-SHA256 of the raw body with
+//! the key in `<data-dir>/webhook.key`. A bad or missing signature is 401
+//! and nothing is stored; a good one becomes a trigger (202).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use byom_protocol::pb;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use ring::hmac;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::triggers::Triggers;
+
+/// Largest webhook body accepted.
+pub const MAX_WEBHOOK_BYTES: usize = 1 << 20;
+/// Webhook connections served at once.
+const MAX_WEBHOOK_CONNECTIONS: usize = 256;
+/// Longest a webhook connection may stay open.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+pub const SIGNATURE_HEADER: &str = "x-byom-signature";
+
+fn verify(key: &[u8], body: &[u8], header: Option<&str>) -> bool {
+    let Some(hexsig) = header.and_then(|h| h.trim().strip_prefix("sha256=")) else {
+        return false;
+    };
+    if hexsig.len() != 64 || !hexsig.is_ascii() {
+        return false;
+    }
+    let mut sig = [0u8; 32];
+    for (i, b) in sig.iter_mut().enumerate() {
+        match u8::from_str_radix(&hexsig[2 * i..2 * i + 2], 16) {
+            Ok(v) => *b = v,
+            Err(_) => return false,
+        }
+    }
+    // Constant time.
+    hmac::verify(&hmac::Key::new(hmac::HMAC_SHA256, key), body, &sig).is_ok()
+}
+
+/// Why a webhook body is refused (400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    #[error("body is not JSON: {0}")]
+    NotJson(String),
+    #[error("need string fields thread, user and text")]
+    Fields,
+}
+
+/// The event a (signature-checked) body describes.
+pub fn parse_body(source: &str, body: &[u8]) -> Result<pb::SendEventRequest, BodyError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| BodyError::NotJson(e.to_string()))?;
+    let (Some(thread), Some(user), Some(text)) =
+        (v["thread"].as_str(), v["user"].as_str(), v["text"].as_str())
+    else {
+        return Err(BodyError::Fields);
+    };
+    Ok(pb::SendEventRequest {
+        source: source.to_string(),
+        thread: thread.into(),
+        user: user.into(),
+        text: text.into(),
+        mention: v["mention"].as_bool().unwrap_or(false),
+        from_bot: v["from_bot"].as_bool().unwrap_or(false),
+    })
+}
+
+fn reply(status: u16, body: Value) -> hyper::Response<Full<Bytes>> {
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap_or_default()
+}
+
+async fn handle(
+    triggers: Triggers,
+    key: Arc<Vec<u8>>,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<Full<Bytes>> {
+    if req.method() != hyper::Method::POST {
+        return reply(405, json!({"error": "use POST /hooks/SOURCE"}));
+    }
+    let Some(source) = req
+        .uri()
+        .path()
+        .strip_prefix("/hooks/")
+        .map(str::to_string)
+        .filter(|s| !s.is_empty() && !s.contains('/'))
+    else {
+        return reply(404, json!({"error": "use POST /hooks/SOURCE"}));
+    };
+    let sig = req
+        .headers()
+        .get(SIGNATURE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = match Limited::new(req.into_body(), MAX_WEBHOOK_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return reply(
+                413,
+                json!({"error": format!("body over {MAX_WEBHOOK_BYTES} bytes")}),
+            )
+        }
+    };
+    if !verify(&key, &body, sig.as_deref()) {
+        return reply(
+            401,
+            json!({"error": "bad or missing X-Byom-Signature (sha256=HMAC of the body)"}),
+        );
+    }
+    let ev = match parse_body(&source, &body) {
+        Ok(ev) => ev,
+        Err(e) => return reply(400, json!({"error": e.to_string()})),
+    };
+    match triggers.ingest(ev).await {
+        Ok(t) => reply(
+            202,
+            json!({"trigger": t.id, "thread": t.thread_id, "decision": t.decision().name()}),
+        ),
+        Err(e) => reply(503, json!({"error": e.to_string()})),
+    }
+}
+
+/// Serves webhooks on `listener` until shutdown.
+pub async fn serve(
+    triggers: Triggers,
+    listener: tokio::net::TcpListener,
+    key: Vec<u8>,
+    shutdown: CancellationToken,
+) {
+    let key = Arc::new(key);
+    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_WEBHOOK_CONNECTIONS));
+    loop {
+        let (tcp, _) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            continue;
+        };
+        let (triggers, key) = (triggers.clone(), key.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let svc = hyper::service::service_fn(move |req| {
+                let (triggers, key) = (triggers.clone(), key.clone());
+                async move { Ok::<_, Infallible>(handle(triggers, key, req).await) }
+            });
+            let conn =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sign(key: &[u8], body: &[u8]) -> String {
+        let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), body);
+        format!("sha256={}", byom_wire::hex(tag.as_ref()))
+    }
+
+    #[test]
+    fn signatures() {
+        let key = b"k".repeat(64);
+        let body = br#"{"thread":"t","user":"u","text":"x"}"#;
+        assert!(verify(&key, body, Some(&sign(&key, body))));
+        assert!(!verify(&key, b"tampered", Some(&sign(&key, body))));
+        assert!(!verify(&key, body, None));
+        assert!(!verify(&key, body, Some("sha256=zz")));
+        assert!(!verify(
+            &key,
+            body,
+            Some(&format!("sha256={}", "é".repeat(32)))
+        ));
+    }
+
+    #[test]
+    fn bodies() {
+        let ev = parse_body(
+            "ci",
+            br#"{"thread":"t","user":"u","text":"x","mention":true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (ev.source.as_str(), ev.mention, ev.from_bot),
+            ("ci", true, false)
+        );
+        assert_eq!(
+            parse_body("ci", br#"{"thread":"t","user":"u"}"#),
+            Err(BodyError::Fields)
+        );
+        assert_eq!(
+            parse_body("ci", br#"{"thread":1,"user":"u","text":"x"}"#),
+            Err(BodyError::Fields)
+        );
+        assert!(matches!(parse_body("ci", b"{"), Err(BodyError::NotJson(_))));
+    }
+
+    proptest! {
+        /// Any bytes: a clear refusal or an event, never a panic.
+        #[test]
+        fn any_body_is_parsed_or_refused(body in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_body("s", &body);
+        }
+
+        /// Any well-formed event survives the round trip intact.
+        #[test]
+        fn events_round_trip(thread in "\\PC{0,40}", user in "\\PC{0,20}", text in "\\PC{0,200}",
+                             mention: bool, bot: bool) {
+            let body = json!({"thread": thread, "user": user, "text": text,
+                              "mention": mention, "from_bot": bot}).to_string();
+            let ev = parse_body("s", body.as_bytes()).unwrap();
+            prop_assert_eq!(ev.thread, thread);
+            prop_assert_eq!(ev.user, user);
+            prop_assert_eq!(ev.text, text);
+            prop_assert_eq!((ev.mention, ev.from_bot), (mention, bot));
+        }
+
+        /// A signature only verifies for the body it was made for.
+        #[test]
+        fn signatures_bind_the_body(a in proptest::collection::vec(any::<u8>(), 0..64),
+                                    b in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let key = b"0123456789abcdef0123456789abcdef";
+            prop_assert_eq!(verify(key, &b, Some(&sign(key, &a))), a == b);
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The small key-value contract a storage engine must meet ([`Backend`]:
+//! get, put, compare-and-swap, ordered range scans, atomic batches, a
+//! durable flush) and the keyspaces byom's records live in ([`Space`]).
+//! Backends map spaces to whatever they have (sled: trees).
+
+use std::ops::Bound;
+
+use byom_protocol::pb;
+use prost::Message;
+
+use crate::Result;
+
+/// Keyspaces. Each backend maps them to whatever it has (sled: trees).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Space {
+    Tokens,
+    TokenSecrets,
+    Machines,
+    MachineNames,
+    Commands,
+    /// `machine_id/command_id` for every non-terminal command.
+    Pending,
+    /// `command_id, stream, offset(BE u64)` → output bytes.
+    Output,
+    Triggers,
+    Threads,
+    /// `source \0 external` → thread ID.
+    ThreadKeys,
+    /// Natural-language Router policies.
+    Policies,
+    /// Agent records (`r/router`, `r/wrk_…`, `r/apr_…`) and the agent inbox
+    /// (`i/<time><seq>` → event), in one space so a step commits atomically.
+    Agents,
+    /// Paused interpreters: `snp_…` → snapshot bytes.
+    Snapshots,
+}
+
+impl Space {
+    pub const ALL: [Space; 13] = [
+        Space::Tokens,
+        Space::TokenSecrets,
+        Space::Machines,
+        Space::MachineNames,
+        Space::Commands,
+        Space::Pending,
+        Space::Output,
+        Space::Triggers,
+        Space::Threads,
+        Space::ThreadKeys,
+        Space::Policies,
+        Space::Agents,
+        Space::Snapshots,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Space::Tokens => "tokens",
+            Space::TokenSecrets => "token_secrets",
+            Space::Machines => "machines",
+            Space::MachineNames => "machine_names",
+            Space::Commands => "commands",
+            Space::Pending => "pending",
+            Space::Output => "output",
+            Space::Triggers => "triggers",
+            Space::Threads => "threads",
+            Space::ThreadKeys => "thread_keys",
+            Space::Policies => "policies",
+            Space::Agents => "agents",
+            Space::Snapshots => "snapshots",
+        }
+    }
+}
+
+pub type Kv = (Vec<u8>, Vec<u8>);
+
+/// What a storage engine must provide. All operations are atomic per key;
+/// `flush` makes everything written before it durable.
+pub trait Backend: Send + Sync + 'static {
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    fn put(&self, space: Space, key: &[u8], value: &[u8]) -> Result<()>;
+    fn delete(&self, space: Space, key: &[u8]) -> Result<()>;
+    /// Sets `key` to `new` only if it currently holds `old` (`None`: absent).
+    fn compare_and_swap(
+        &self,
+        space: Space,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool>;
+    /// Up to `limit` entries with `start <= key < end`, in key order
+    /// (descending when `reverse`).
+    fn range(
+        &self,
+        space: Space,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        reverse: bool,
+        limit: usize,
+    ) -> Result<Vec<Kv>>;
+    /// Every key of `space`, in key order, without copying the values
+    /// (which can be megabytes each, e.g. snapshots).
+    fn keys(&self, space: Space) -> Result<Vec<Vec<u8>>>;
+    fn flush(&self) -> Result<()>;
+    /// Applies every write (None: delete) atomically, across spaces.
+    fn batch(&self, ops: &[Op]) -> Result<()>;
+}
+
+/// One write in a [`Backend::batch`].
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub space: Space,
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+}
+
+impl Op {
+    pub fn put(space: Space, key: impl Into<Vec<u8>>, value: Vec<u8>) -> Op {
+        Op {
+            space,
+            key: key.into(),
+            value: Some(value),
+        }
+    }
+    pub fn delete(space: Space, key: impl Into<Vec<u8>>) -> Op {
+        Op {
+            space,
+            key: key.into(),
+            value: None,
+        }
+    }
+    /// A trigger record.
+    pub fn trigger(t: &pb::Trigger) -> Op {
+        Op::put(Space::Triggers, t.id.as_bytes(), t.encode_to_vec())
+    }
+}
+
+/// The end of a prefix range: the prefix with its last byte incremented.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}

@@ -1,0 +1,149 @@
+//! Commands: the record, the per-machine queue index of non-terminal
+//! commands, and the state machine every change is checked against
+//! ([`Store::update_command`]: a transition `CommandState::can_become`
+//! refuses is an error, never a write).
+
+use std::ops::Bound;
+
+use byom_protocol::pb::{self, CommandState};
+use prost::Message;
+
+use crate::backend::{prefix_end, Op, Space};
+use crate::{Result, Store, StoreError, MAX_LIST};
+
+fn pending_key(machine: &str, cmd: &str) -> Vec<u8> {
+    format!("{machine}/{cmd}").into_bytes()
+}
+
+impl Store {
+    /// The record and its queue entry appear together: a dispatcher that
+    /// saw the entry first would take it for a crash's leftover.
+    pub fn create_command(&self, c: &pb::Command) -> Result<()> {
+        debug_assert_eq!(c.state(), CommandState::Queued);
+        self.kv.batch(&[
+            Op::put(Space::Commands, c.id.as_bytes(), c.encode_to_vec()),
+            Op::put(
+                Space::Pending,
+                pending_key(&c.machine_id, &c.id),
+                Vec::new(),
+            ),
+        ])
+    }
+
+    pub fn get_command(&self, id: &str) -> Result<Option<pb::Command>> {
+        self.get_msg(Space::Commands, id)
+    }
+
+    /// Updates a command. `f` returns the new state (or the same state to
+    /// change only fields); illegal transitions are refused.
+    pub fn update_command<F>(&self, id: &str, mut f: F) -> Result<pb::Command>
+    where
+        F: FnMut(&mut pb::Command) -> Result<()>,
+    {
+        let c = self.update_msg(Space::Commands, id, |c: &mut pb::Command| {
+            let from = c.state();
+            f(c)?;
+            let to = c.state();
+            if from != to && !from.can_become(to) {
+                return Err(StoreError::IllegalTransition {
+                    id: c.id.clone(),
+                    from: from.name(),
+                    to: to.name(),
+                });
+            }
+            Ok(())
+        })?;
+        if c.state().is_terminal() {
+            self.kv
+                .delete(Space::Pending, &pending_key(&c.machine_id, &c.id))?;
+        }
+        Ok(c)
+    }
+
+    /// Moves a command to `to` only if it is in `from` now. Returns the new
+    /// record, or `None` if it was not in `from` (another task won).
+    pub fn transition(
+        &self,
+        id: &str,
+        from: &[CommandState],
+        to: CommandState,
+        mut f: impl FnMut(&mut pb::Command),
+    ) -> Result<Option<pb::Command>> {
+        let mut skipped = false;
+        let c = self.update_command(id, |c| {
+            skipped = !from.contains(&c.state());
+            if !skipped {
+                c.set_state(to);
+                f(c);
+            }
+            Ok(())
+        })?;
+        Ok(if skipped { None } else { Some(c) })
+    }
+
+    /// Non-terminal commands of a machine, oldest first.
+    pub fn pending_commands(&self, machine: &str) -> Result<Vec<pb::Command>> {
+        let prefix = format!("{machine}/").into_bytes();
+        let end = prefix_end(&prefix);
+        let keys = self.kv.range(
+            Space::Pending,
+            Bound::Included(&prefix),
+            end.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
+            false,
+            MAX_LIST,
+        )?;
+        let mut out = Vec::new();
+        for (k, _) in keys {
+            let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+            match self.get_command(&id)? {
+                Some(c) if !c.state().is_terminal() => out.push(c),
+                // A crash between the terminal write and the index delete
+                // leaves a stale entry: clean it now.
+                Some(_) => self.kv.delete(Space::Pending, &k)?,
+                // Never deleted here: only a command's end removes it.
+                None => tracing::warn!(cmd = %id, "queue entry without a command record"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every non-terminal command (for the queue sweeper).
+    pub fn all_pending(&self) -> Result<Vec<pb::Command>> {
+        let keys = self.kv.range(
+            Space::Pending,
+            Bound::Unbounded,
+            Bound::Unbounded,
+            false,
+            MAX_LIST,
+        )?;
+        let mut out = Vec::new();
+        for (k, _) in keys {
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let Some((_, id)) = key.split_once('/') else {
+                continue;
+            };
+            if let Some(c) = self.get_command(id)? {
+                if !c.state().is_terminal() {
+                    out.push(c);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Newest first, stopping at commands created before `since_ms`.
+    pub fn list_commands(
+        &self,
+        machine: Option<&str>,
+        state: Option<CommandState>,
+        since_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<pb::Command>> {
+        self.scan_newest(Space::Commands, limit, |c: &pb::Command| {
+            if c.created_at_ms < since_ms {
+                return None;
+            }
+            Some(machine.is_none_or(|m| c.machine_id == m) && state.is_none_or(|s| c.state() == s))
+        })
+    }
+}

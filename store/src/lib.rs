@@ -1,0 +1,256 @@
+//! byom's store: everything the server must remember, and nothing else.
+//!
+//! [`Backend`] is the small key-value contract a storage engine meets (get,
+//! put, compare-and-swap, ordered ranges, atomic batches across keyspaces,
+//! a durable flush); sled is the embedded default. [`Store`] builds byom's
+//! typed records on it (tokens, machines, commands with their output,
+//! threads, triggers, policies), so a second backend plugs in without
+//! touching the code above. Records are the protobuf messages of the API.
+//!
+//! It must never know about agents, gRPC, QUIC, TLS or wasmtime: the
+//! agents' state is opaque bytes under keys their own crate lays out
+//! ([`Store::scan_prefix`], [`Store::batch`]).
+//!
+//! Invariant: every command state change goes through
+//! [`Store::update_command`], which checks the transition against
+//! `CommandState::can_become`; a command and its queue entry appear
+//! together.
+//!
+//! Key types: [`Store`], [`Backend`], [`Space`], [`Op`], [`StoreError`].
+
+mod backend;
+mod blobs;
+mod channels;
+mod commands;
+mod machines;
+mod sled_backend;
+mod tokens;
+
+#[cfg(test)]
+mod tests;
+
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::Arc;
+
+use prost::Message;
+
+pub use backend::{Backend, Kv, Op, Space};
+pub use sled_backend::SledBackend;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store I/O failed: {0} (is the disk full or the data dir read-only?)")]
+    Io(String),
+    #[error("stored record {0} is corrupt: {1}")]
+    Corrupt(String, String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("illegal command state change {from} -> {to} for {id}")]
+    IllegalTransition {
+        id: String,
+        from: &'static str,
+        to: &'static str,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+fn decode<M: Message + Default>(what: &str, bytes: &[u8]) -> Result<M> {
+    M::decode(bytes).map_err(|e| StoreError::Corrupt(what.to_string(), e.to_string()))
+}
+
+/// Why a token could not be redeemed; each maps to a clear message.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RedeemError {
+    #[error("unknown pairing token: create a new one with `byom token create`")]
+    Unknown,
+    #[error("this pairing token was already used; tokens are single-use, create a new one with `byom token create`")]
+    Used,
+    #[error("this pairing token expired; create a new one with `byom token create`")]
+    Expired,
+    #[error("this pairing token was revoked; create a new one with `byom token create`")]
+    Revoked,
+}
+
+/// Most records one list call returns.
+pub const MAX_LIST: usize = 10_000;
+
+#[derive(Clone)]
+pub struct Store {
+    kv: Arc<dyn Backend>,
+}
+
+/// How long a flush may take before the log says so (and again each time).
+const SLOW_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Store {
+    pub fn new(kv: Arc<dyn Backend>) -> Self {
+        Self { kv }
+    }
+
+    pub fn open_sled(dir: &Path) -> Result<Self> {
+        Ok(Self::new(Arc::new(SledBackend::open(dir)?)))
+    }
+
+    /// Makes all prior writes durable. Blocking: call from a blocking context
+    /// or via [`Store::flush_async`].
+    pub fn flush(&self) -> Result<()> {
+        self.kv.flush()
+    }
+
+    pub async fn flush_async(&self) -> Result<()> {
+        let kv = self.kv.clone();
+        let started = std::time::Instant::now();
+        let mut task = tokio::task::spawn_blocking(move || kv.flush());
+        loop {
+            tokio::select! {
+                r = &mut task => {
+                    return r.map_err(|e| StoreError::Io(format!("flush task failed: {e}")))?;
+                }
+                _ = tokio::time::sleep(SLOW_FLUSH) => {
+                    // A disk that stalls (or a store that hangs) shows in
+                    // the log rather than as silence.
+                    tracing::warn!(
+                        secs = started.elapsed().as_secs(),
+                        "the store's flush has not finished yet"
+                    );
+                }
+            }
+        }
+    }
+
+    pub(crate) fn get_msg<M: Message + Default>(
+        &self,
+        space: Space,
+        key: &str,
+    ) -> Result<Option<M>> {
+        match self.kv.get(space, key.as_bytes())? {
+            Some(b) => Ok(Some(decode(key, &b)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn list_msgs<M: Message + Default>(
+        &self,
+        space: Space,
+        limit: usize,
+    ) -> Result<Vec<M>> {
+        self.kv
+            .range(space, Bound::Unbounded, Bound::Unbounded, true, limit)?
+            .into_iter()
+            .map(|(k, v)| decode(&String::from_utf8_lossy(&k), &v))
+            .collect()
+    }
+
+    /// Read-modify-write with compare-and-swap, retried on contention.
+    pub(crate) fn update_msg<M, F>(&self, space: Space, key: &str, mut f: F) -> Result<M>
+    where
+        M: Message + Default,
+        F: FnMut(&mut M) -> Result<()>,
+    {
+        for _ in 0..1000 {
+            let old = self
+                .kv
+                .get(space, key.as_bytes())?
+                .ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+            let mut msg: M = decode(key, &old)?;
+            f(&mut msg)?;
+            let new = msg.encode_to_vec();
+            // Nothing changed (e.g. a transition that did not apply): no write.
+            if new == old {
+                return Ok(msg);
+            }
+            if self
+                .kv
+                .compare_and_swap(space, key.as_bytes(), Some(&old), Some(&new))?
+            {
+                return Ok(msg);
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "{key}: too much contention updating the record"
+        )))
+    }
+
+    /// Scans a space newest first (IDs sort by creation time), page by page.
+    /// `visit` returns `Some(true)` to keep a record, `Some(false)` to skip
+    /// it, `None` to stop; at most `limit` records are kept.
+    pub(crate) fn scan_newest<M, F>(
+        &self,
+        space: Space,
+        limit: usize,
+        mut visit: F,
+    ) -> Result<Vec<M>>
+    where
+        M: Message + Default,
+        F: FnMut(&M) -> Option<bool>,
+    {
+        const PAGE: usize = 512;
+        let mut out = Vec::new();
+        let mut cursor: Option<Vec<u8>> = None;
+        loop {
+            let page = self.kv.range(
+                space,
+                Bound::Unbounded,
+                cursor.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
+                true,
+                PAGE,
+            )?;
+            let n = page.len();
+            for (k, v) in page {
+                let m: M = decode(&String::from_utf8_lossy(&k), &v)?;
+                cursor = Some(k);
+                match visit(&m) {
+                    None => return Ok(out),
+                    Some(false) => continue,
+                    Some(true) => out.push(m),
+                }
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+            }
+            if n < PAGE {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Applies writes atomically, across spaces (see [`Backend::batch`]).
+    pub fn batch(&self, ops: &[Op]) -> Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.kv.batch(ops)
+    }
+
+    /// One value, as stored.
+    pub fn get_raw(&self, space: Space, key: &str) -> Result<Option<Vec<u8>>> {
+        self.kv.get(space, key.as_bytes())
+    }
+
+    /// Up to `limit` entries whose key starts with `prefix`, in key order,
+    /// keys without the prefix.
+    pub fn scan_prefix(
+        &self,
+        space: Space,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
+        let end = backend::prefix_end(prefix.as_bytes());
+        Ok(self
+            .kv
+            .range(
+                space,
+                Bound::Included(prefix.as_bytes()),
+                end.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
+                false,
+                limit,
+            )?
+            .into_iter()
+            .map(|(k, v)| (String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), v))
+            .collect())
+    }
+}

@@ -1,0 +1,273 @@
+use std::sync::Arc;
+
+use byom_protocol::pb::{self, CommandState};
+
+use crate::*;
+
+fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open_sled(dir.path()).unwrap();
+    (dir, s)
+}
+
+fn cmd(id: &str, machine: &str) -> pb::Command {
+    pb::Command {
+        id: id.into(),
+        machine_id: machine.into(),
+        state: CommandState::Queued as i32,
+        ..Default::default()
+    }
+}
+
+/// A dispatcher reads the queue while commands are being created (the
+/// agents start several at once): none may be dropped from it.
+#[test]
+fn commands_created_while_the_queue_is_read_stay_queued() {
+    let (_d, s) = store();
+    let s = Arc::new(s);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (s, done) = (s.clone(), done.clone());
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            while !done.load(std::sync::atomic::Ordering::SeqCst)
+                && t.elapsed() < std::time::Duration::from_secs(30)
+            {
+                s.pending_commands("mch_a").unwrap();
+            }
+        })
+    };
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for i in 0..250 {
+                    s.create_command(&cmd(&format!("cmd_{w}_{i:03}"), "mch_a"))
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    reader.join().unwrap();
+    assert_eq!(s.pending_commands("mch_a").unwrap().len(), 1000);
+}
+
+/// Messages arriving at once on a new thread all land on one thread.
+#[test]
+fn a_thread_named_by_many_at_once_is_one_thread() {
+    let (_d, s) = store();
+    let s = Arc::new(s);
+    for round in 0..50 {
+        let external = format!("t{round}");
+        let ids: Vec<String> = (0..6)
+            .map(|i| {
+                let (s, external) = (s.clone(), external.clone());
+                std::thread::spawn(move || {
+                    if let Some(t) = s.find_thread("chat", &external).unwrap() {
+                        return t.id;
+                    }
+                    let t = pb::Thread {
+                        id: format!("thr_{round}_{i}"),
+                        source: "chat".into(),
+                        external,
+                        ..Default::default()
+                    };
+                    s.create_thread(&t).unwrap().id
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    }
+    // The losers' records are gone: one thread per name.
+    assert_eq!(s.list_threads(1000).unwrap().len(), 50);
+}
+
+#[test]
+fn snapshot_ids_list_every_snapshot() {
+    let (_d, s) = store();
+    s.put_snapshot("snp_b", &[7u8; 100_000]).unwrap();
+    s.put_snapshot("snp_a", b"x").unwrap();
+    assert_eq!(s.snapshot_ids().unwrap(), ["snp_a", "snp_b"]);
+    s.delete_snapshot("snp_a").unwrap();
+    assert_eq!(s.snapshot_ids().unwrap(), ["snp_b"]);
+}
+
+#[test]
+fn batch_writes_and_deletes_across_spaces_at_once() {
+    let (_d, s) = store();
+    s.batch(&[
+        Op::put(Space::Agents, b"i/1".to_vec(), b"ev".to_vec()),
+        Op::put(Space::Agents, b"r/router".to_vec(), b"{}".to_vec()),
+    ])
+    .unwrap();
+    let t = pb::Trigger {
+        id: "trg_x".into(),
+        ..Default::default()
+    };
+    s.batch(&[
+        Op::trigger(&t),
+        Op::put(Space::Agents, b"r/wrk_1".to_vec(), b"{}".to_vec()),
+        Op::delete(Space::Agents, b"i/1".to_vec()),
+    ])
+    .unwrap();
+    assert!(s.get_trigger("trg_x").unwrap().is_some());
+    assert!(s.scan_prefix(Space::Agents, "i/", 10).unwrap().is_empty());
+    let keys: Vec<String> = s
+        .scan_prefix(Space::Agents, "r/", 10)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(keys, ["router", "wrk_1"]);
+    s.batch(&[]).unwrap();
+}
+
+#[test]
+fn command_transitions_are_checked() {
+    let (_d, s) = store();
+    s.create_command(&cmd("cmd_a", "mch_a")).unwrap();
+    assert_eq!(s.pending_commands("mch_a").unwrap().len(), 1);
+    let err = s
+        .update_command("cmd_a", |c| {
+            c.set_state(CommandState::Exited);
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(err, StoreError::IllegalTransition { .. }));
+    let c = s
+        .transition(
+            "cmd_a",
+            &[CommandState::Queued],
+            CommandState::Dispatched,
+            |_| {},
+        )
+        .unwrap();
+    assert!(c.is_some());
+    // A second dispatcher loses the race.
+    let c = s
+        .transition(
+            "cmd_a",
+            &[CommandState::Queued],
+            CommandState::Dispatched,
+            |_| {},
+        )
+        .unwrap();
+    assert!(c.is_none());
+    s.transition(
+        "cmd_a",
+        &[CommandState::Dispatched],
+        CommandState::Lost,
+        |_| {},
+    )
+    .unwrap();
+    assert!(s.pending_commands("mch_a").unwrap().is_empty());
+}
+
+#[test]
+fn list_commands_filters_newest_first() {
+    let (_d, s) = store();
+    for (i, m) in ["mch_a", "mch_b", "mch_a"].iter().enumerate() {
+        let mut c = cmd(&format!("cmd_{i}"), m);
+        c.created_at_ms = 100 * (i as u64 + 1);
+        s.create_command(&c).unwrap();
+    }
+    let ids = |v: Vec<pb::Command>| v.into_iter().map(|c| c.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(s.list_commands(None, None, 0, 10).unwrap()),
+        ["cmd_2", "cmd_1", "cmd_0"]
+    );
+    assert_eq!(
+        ids(s.list_commands(Some("mch_a"), None, 0, 10).unwrap()),
+        ["cmd_2", "cmd_0"]
+    );
+    assert_eq!(
+        ids(s.list_commands(None, None, 200, 10).unwrap()),
+        ["cmd_2", "cmd_1"]
+    );
+    assert_eq!(
+        ids(s
+            .list_commands(None, Some(CommandState::Queued), 0, 1)
+            .unwrap()),
+        ["cmd_2"]
+    );
+    assert!(s
+        .list_commands(None, Some(CommandState::Exited), 0, 10)
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn output_offsets() {
+    let (_d, s) = store();
+    s.append_output("cmd_a", 1, 0, b"hello ").unwrap();
+    s.append_output("cmd_a", 1, 6, b"world").unwrap();
+    s.append_output("cmd_a", 2, 0, b"err").unwrap();
+    assert_eq!(s.output_len("cmd_a", 1).unwrap(), 11);
+    assert_eq!(s.output_len("cmd_a", 2).unwrap(), 3);
+    assert_eq!(s.output_len("cmd_b", 1).unwrap(), 0);
+    let got = s.read_output("cmd_a", 1, 3, 100).unwrap();
+    assert_eq!(got, vec![(3, b"lo ".to_vec()), (6, b"world".to_vec())]);
+    assert!(s.read_output("cmd_a", 1, 11, 100).unwrap().is_empty());
+}
+
+#[test]
+fn token_redeemed_once() {
+    let (_d, s) = store();
+    let t = pb::Token {
+        id: "tok_a".into(),
+        secret_sha256: "h".into(),
+        expires_at_ms: 100,
+        ..Default::default()
+    };
+    s.create_token(&t).unwrap();
+    assert_eq!(
+        s.redeem_token("x", "mch_a", 1).unwrap(),
+        Err(RedeemError::Unknown)
+    );
+    assert!(s.redeem_token("h", "mch_a", 1).unwrap().is_ok());
+    assert_eq!(
+        s.redeem_token("h", "mch_b", 2).unwrap(),
+        Err(RedeemError::Used)
+    );
+    let t2 = pb::Token {
+        id: "tok_b".into(),
+        secret_sha256: "h2".into(),
+        expires_at_ms: 100,
+        ..Default::default()
+    };
+    s.create_token(&t2).unwrap();
+    assert_eq!(
+        s.redeem_token("h2", "mch_a", 100).unwrap(),
+        Err(RedeemError::Expired)
+    );
+}
+
+#[test]
+fn machine_names_are_unique() {
+    let (_d, s) = store();
+    let mut a = pb::Machine {
+        id: "mch_a".into(),
+        name: "lap".into(),
+        ..Default::default()
+    };
+    let mut b = pb::Machine {
+        id: "mch_b".into(),
+        name: "lap".into(),
+        ..Default::default()
+    };
+    s.create_machine(&mut a).unwrap();
+    s.create_machine(&mut b).unwrap();
+    assert_eq!(b.name, "lap-2");
+    assert_eq!(s.resolve_machine("lap-2").unwrap().unwrap().id, "mch_b");
+    assert!(s.rename_machine("mch_b", "lap").is_err());
+    s.rename_machine("mch_b", "desk").unwrap();
+    assert_eq!(s.resolve_machine("desk").unwrap().unwrap().id, "mch_b");
+    assert!(s.resolve_machine("lap-2").unwrap().is_none());
+}
