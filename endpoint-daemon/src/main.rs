@@ -235,14 +235,20 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             let recs = byom_daemon::audit::tail(&dir, lines);
             for r in recs {
                 if json {
-                    println!("{}", serde_json::to_string(&r)?);
+                    // Times in --json are RFC 3339, as everywhere.
+                    let mut v = serde_json::to_value(&r)?;
+                    if let Some(m) = v.as_object_mut() {
+                        m.remove("at_ms");
+                        m.insert("at".into(), byom_protocol::time::rfc3339(r.at_ms).into());
+                    }
+                    println!("{v}");
                 } else {
                     let result = match (r.exit_code, r.signal) {
                         (Some(c), _) if r.state == "exited" => format!("exit {c}"),
                         (None, Some(s)) if r.state == "exited" => format!("signal {s}"),
                         _ => r.state.clone(),
                     };
-                    let when = time_of(r.at_ms);
+                    let when = byom_protocol::time::rfc3339(r.at_ms);
                     println!(
                         "{when}  {}  {:<10}  by {}  in {}  {}",
                         r.id,
@@ -413,7 +419,7 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
     if json {
         let v = serde_json::json!({
             "machine_id": id.machine_id, "name": id.name, "server": id.server_addr,
-            "cert_not_after_ms": validity.map(|v| v.0), "key_store": id.key_store,
+            "cert_not_after": validity.map(|v| byom_protocol::time::rfc3339(v.0)), "key_store": id.key_store,
             "config_dir": dir.display().to_string(), "revoked": id.revoked,
             "running": run.is_some(), "state": run.as_ref().map(|r| r.state.clone()), "paused": paused,
             "last_error": run.as_ref().map(|r| r.last_error.clone()), "connection": connection,
@@ -568,27 +574,6 @@ fn secret(dir: &std::path::Path, cmd: SecretCmd) -> anyhow::Result<i32> {
             }
         }
     }
-}
-
-fn time_of(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (d, s) = (secs / 86400, secs % 86400);
-    // Civil date from days since the epoch (Howard Hinnant's algorithm).
-    let z = d as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        s / 3600,
-        (s % 3600) / 60,
-        s % 60
-    )
 }
 
 fn service(dir: &std::path::Path, cmd: ServiceCmd) -> anyhow::Result<i32> {

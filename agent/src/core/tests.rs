@@ -457,3 +457,38 @@ fn a_turn_takes_a_bounded_batch() {
     assert!(req.messages.last().unwrap().text.contains("New events (3)"));
     assert_eq!(core.router().queue.len(), 4);
 }
+
+#[test]
+fn broken_state_is_named_by_the_invariant_check() {
+    let mut core = Core::new(Budgets::default());
+    let mut w = TestWorld::new();
+    let id = with_worker(&mut core, &mut w);
+    core.check_invariants().unwrap();
+    // A stored Router record that routes a thread to a worker nobody has.
+    let mut router = serde_json::to_value(crate::state::RouterState::default()).unwrap();
+    router["subs"]["thr_9"] = json!(["wrk_ghost"]);
+    let mut image = BTreeMap::new();
+    image.insert(
+        crate::storage::keys::record(ROUTER),
+        serde_json::to_vec(&router).unwrap(),
+    );
+    let (broken, errors) = Core::rebuild_from_image(Budgets::default(), &image, false);
+    assert!(errors.is_empty(), "{errors:?}");
+    let e = broken.check_invariants().unwrap_err();
+    assert!(
+        e.contains("thr_9 is subscribed by unknown wrk_ghost"),
+        "{e}"
+    );
+    // A worker record that says it is idle with a model call in flight.
+    let mut rec = serde_json::to_value(&core.workers()[&id]).unwrap();
+    rec["status"] = json!("idle");
+    rec["in_flight"] = json!(7);
+    image.clear();
+    image.insert(
+        crate::storage::keys::record(&id),
+        serde_json::to_vec(&rec).unwrap(),
+    );
+    let (broken, _) = Core::rebuild_from_image(Budgets::default(), &image, false);
+    let e = broken.check_invariants().unwrap_err();
+    assert!(e.contains("idle") && e.contains(&id), "{e}");
+}
