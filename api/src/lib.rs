@@ -1,8 +1,10 @@
 //! byom's admin API, an API boundary: the gRPC service generated from
 //! `protocol/proto/admin.proto` ([`proto`], client and server stubs), the
 //! client the CLI and integrations use ([`client`]: credentials discovery,
-//! TLS with a personal admin certificate, connect) and [`watch_to_end`],
-//! the one way to follow a command until it ends.
+//! TLS with a personal admin certificate, connect), [`watch_to_end`], the
+//! one way to follow a command until it ends, and [`until_answered`] with
+//! [`new_key`]: creating calls that a server restart cannot make create
+//! twice.
 //!
 //! It must never know the server's implementation: the server depends on
 //! it for the service trait, never the other way round. Messages are
@@ -11,6 +13,7 @@
 //! Key types: [`Client`], [`Creds`], [`ClientError`], [`watch::Seen`].
 
 pub mod client;
+pub mod retry;
 pub mod watch;
 
 /// Generated gRPC code (package `byom.admin.v1`).
@@ -20,4 +23,5 @@ pub mod proto {
 }
 
 pub use client::{connect, default_data_dir, load_creds, Client, ClientError, Creds};
+pub use retry::{new_key, until_answered};
 pub use watch::{watch_to_end, Seen, WatchError, WatchOptions};

@@ -251,6 +251,7 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
             ttl_ms: 600_000,
             name: "demo-laptop".into(),
             labels: [("demo".to_string(), "yes".to_string())].into(),
+            idempotency_key: byom_api::new_key(),
         })
         .await?
         .into_inner();
@@ -548,6 +549,7 @@ async fn say(c: &mut Client, text: &str) -> anyhow::Result<()> {
         text: text.into(),
         mention: true,
         from_bot: false,
+        idempotency_key: byom_api::new_key(),
     })
     .await?;
     Ok(())

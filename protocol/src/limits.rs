@@ -29,6 +29,11 @@ pub const MAX_PEM_BYTES: usize = 16 * 1024;
 pub const DEFAULT_QUEUE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Longest queue TTL a caller may ask for.
 pub const MAX_QUEUE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How long a creating call's idempotency key is remembered: longer than
+/// any command may wait in the queue, so a retry never creates twice.
+pub const IDEMPOTENCY_TTL: Duration = Duration::from_secs(8 * 24 * 3600);
+/// Longest idempotency key (printable ASCII).
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 128;
 /// Most commands waiting in the queue of one machine.
 pub const MAX_QUEUED_PER_MACHINE: usize = 10_000;
 /// Longest command timeout.

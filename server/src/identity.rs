@@ -17,4 +17,18 @@ pub struct ServerIdentity {
     pub quic_addr: SocketAddr,
     /// Lifetime of machine certificates.
     pub cert_ttl: Duration,
+    /// Derives the secret of a token created with an idempotency key, so a
+    /// retry can show the same secret without it ever being stored.
+    pub token_key: Vec<u8>,
+}
+
+impl ServerIdentity {
+    /// The secret of the token `caller` creates with idempotency key `key`.
+    pub fn token_secret(&self, caller: &str, key: &str) -> [u8; 32] {
+        let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &self.token_key);
+        let tag = ring::hmac::sign(&k, format!("token\0{caller}\0{key}").as_bytes());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(tag.as_ref());
+        out
+    }
 }

@@ -21,6 +21,7 @@ mod admin;
 mod agents;
 mod commands;
 mod gateway;
+mod idempotency;
 mod identity;
 mod live;
 mod machines;
@@ -50,6 +51,6 @@ impl BenchIngest {
         &self,
         ev: byom_protocol::pb::SendEventRequest,
     ) -> Result<byom_protocol::pb::Trigger, byom_store::StoreError> {
-        self.0.ingest(ev).await
+        self.0.ingest(ev, None).await
     }
 }

@@ -60,6 +60,8 @@ pub struct ServerInfo {
 
 /// How often queued commands are checked against their TTL.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// Idempotency keys are expired every this many sweeps (hourly).
+const IDEMPOTENCY_SWEEP_EVERY: u64 = 720;
 /// Ephemeral QUIC ports tried for one whose TCP twin is free too.
 const MATCHING_PORT_TRIES: usize = 64;
 /// TLS handshakes on the TCP fallback in progress at once.
@@ -162,12 +164,16 @@ fn identity(
             revoked.insert(&m.id);
         }
     }
+    let key_path = opts.data_dir.join("token.key");
+    let token_key = byom_wire::load_or_create_key(&key_path)
+        .with_context(|| format!("cannot read or write {}", key_path.display()))?;
     Ok(ServerIdentity {
         pki,
         revoked,
         public_addr,
         quic_addr,
         cert_ttl: opts.cert_ttl,
+        token_key,
     })
 }
 
@@ -196,6 +202,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let commands = Commands::new(store.clone(), live.clone());
     let inbox = AgentInbox::new(store.clone());
     let triggers = Triggers::new(store.clone(), rules, inbox.clone());
+    let idem = crate::idempotency::Idempotency::new(store.clone());
 
     let quic_cfg = crate::tls::quic_server_config(&identity.pki, identity.revoked.clone())?;
     let endpoint = quinn::Endpoint::new(
@@ -266,10 +273,14 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         tcp_endpoint.clone(),
         tcp_transport,
     ));
+    let hooks = crate::webhook::Hooks {
+        triggers: triggers.clone(),
+        idem: idem.clone(),
+        key: Arc::new(webhook_key),
+    };
     let webhooks = tokio::spawn(crate::webhook::serve(
-        triggers.clone(),
+        hooks,
         bound.webhook,
-        webhook_key,
         shutdown.clone(),
     ));
     let tcp_accept = tokio::spawn(accept_tunnels(
@@ -285,10 +296,11 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         commands: commands.clone(),
         triggers: triggers.clone(),
         agents: inbox.clone(),
+        idem: idem.clone(),
         shutdown: shutdown.clone(),
     };
     let api = tokio::spawn(crate::admin::serve(api, bound.api, api_tls));
-    let sweeper = tokio::spawn(sweep_queue(commands.clone(), shutdown.clone()));
+    let sweeper = tokio::spawn(sweep(commands.clone(), idem, shutdown.clone()));
     let agents = tokio::spawn(driver::run(
         driver::Handles {
             store: store.clone(),
@@ -392,14 +404,24 @@ async fn accept_tunnels(
 }
 
 /// Fails queued commands whose queue TTL passed without their machine
-/// connecting.
-async fn sweep_queue(commands: Commands, shutdown: CancellationToken) {
+/// connecting; now and then forgets idempotency keys past their window.
+async fn sweep(
+    commands: Commands,
+    idem: crate::idempotency::Idempotency,
+    shutdown: CancellationToken,
+) {
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    let mut n = 0u64;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
         commands.sweep_expired().await;
+        if n.is_multiple_of(IDEMPOTENCY_SWEEP_EVERY) {
+            let idem = idem.clone();
+            let _ = tokio::task::spawn_blocking(move || idem.expire()).await;
+        }
+        n += 1;
     }
 }

@@ -16,6 +16,7 @@ use byom_store::{Op, Store, StoreError};
 use tokio::sync::broadcast;
 
 use crate::agents::AgentInbox;
+use crate::idempotency::Pending;
 
 /// Longest event text stored; longer text is cut (the cut is said).
 pub const MAX_TRIGGER_TEXT: usize = 64 * 1024;
@@ -82,9 +83,13 @@ impl Triggers {
     }
 
     /// Stores a new trigger (and its thread if new), flushed, with its
-    /// inbox entry if it is a candidate; then tails see it and the agents
-    /// wake.
-    pub async fn ingest(&self, ev: pb::SendEventRequest) -> Result<pb::Trigger, StoreError> {
+    /// inbox entry if it is a candidate and `claim`'s idempotency record;
+    /// then tails see it and the agents wake.
+    pub async fn ingest(
+        &self,
+        ev: pb::SendEventRequest,
+        claim: Option<&Pending>,
+    ) -> Result<pb::Trigger, StoreError> {
         let store = &self.store;
         let now = byom_wire::now_ms();
         let source = clean(&ev.source, MAX_NAME);
@@ -130,6 +135,9 @@ impl Triggers {
         let mut ops = vec![Op::trigger(&t)];
         if decision == TriggerDecision::Candidate {
             ops.push(AgentInbox::op(&Event::Trigger(info(&t))));
+        }
+        if let Some(p) = claim {
+            ops.extend(p.ops(&t.id, ""));
         }
         store.batch(&ops)?;
         store.flush_async().await?;

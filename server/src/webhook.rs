@@ -16,6 +16,7 @@ use ring::hmac;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use crate::idempotency::{Claim, Idempotency};
 use crate::triggers::Triggers;
 
 /// Largest webhook body accepted.
@@ -25,6 +26,9 @@ const MAX_WEBHOOK_CONNECTIONS: usize = 256;
 /// Longest a webhook connection may stay open.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 pub const SIGNATURE_HEADER: &str = "x-byom-signature";
+/// A delivery's ID: a redelivery with the same ID is answered with the
+/// first delivery's trigger, not stored again. (GitHub's header works too.)
+pub const DELIVERY_HEADERS: [&str; 2] = ["x-byom-delivery", "x-github-delivery"];
 
 fn verify(key: &[u8], body: &[u8], header: Option<&str>) -> bool {
     let Some(hexsig) = header.and_then(|h| h.trim().strip_prefix("sha256=")) else {
@@ -68,6 +72,7 @@ pub fn parse_body(source: &str, body: &[u8]) -> Result<pb::SendEventRequest, Bod
         text: text.into(),
         mention: v["mention"].as_bool().unwrap_or(false),
         from_bot: v["from_bot"].as_bool().unwrap_or(false),
+        idempotency_key: String::new(),
     })
 }
 
@@ -79,9 +84,16 @@ fn reply(status: u16, body: Value) -> hyper::Response<Full<Bytes>> {
         .unwrap_or_default()
 }
 
+/// What a webhook connection works with.
+#[derive(Clone)]
+pub struct Hooks {
+    pub triggers: Triggers,
+    pub idem: Idempotency,
+    pub key: Arc<Vec<u8>>,
+}
+
 async fn handle(
-    triggers: Triggers,
-    key: Arc<Vec<u8>>,
+    hooks: Hooks,
     req: hyper::Request<hyper::body::Incoming>,
 ) -> hyper::Response<Full<Bytes>> {
     if req.method() != hyper::Method::POST {
@@ -101,6 +113,11 @@ async fn handle(
         .get(SIGNATURE_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let delivery = DELIVERY_HEADERS
+        .iter()
+        .find_map(|h| req.headers().get(*h)?.to_str().ok())
+        .map(str::to_string)
+        .unwrap_or_default();
     let body = match Limited::new(req.into_body(), MAX_WEBHOOK_BYTES)
         .collect()
         .await
@@ -113,7 +130,7 @@ async fn handle(
             )
         }
     };
-    if !verify(&key, &body, sig.as_deref()) {
+    if !verify(&hooks.key, &body, sig.as_deref()) {
         return reply(
             401,
             json!({"error": "bad or missing X-Byom-Signature (sha256=HMAC of the body)"}),
@@ -123,7 +140,18 @@ async fn handle(
         Ok(ev) => ev,
         Err(e) => return reply(400, json!({"error": e.to_string()})),
     };
-    match triggers.ingest(ev).await {
+    let caller = format!("webhook:{source}");
+    let claim = match hooks.idem.claim("event", &caller, &delivery, &body).await {
+        Ok(Claim::New(p)) => p,
+        Ok(Claim::Done(r)) => {
+            return reply(200, json!({"trigger": r.object_id, "duplicate": true}))
+        }
+        Err(e @ crate::idempotency::IdemError::Store(_)) => {
+            return reply(503, json!({"error": e.to_string()}))
+        }
+        Err(e) => return reply(400, json!({"error": e.to_string()})),
+    };
+    match hooks.triggers.ingest(ev, Some(&claim)).await {
         Ok(t) => reply(
             202,
             json!({"trigger": t.id, "thread": t.thread_id, "decision": t.decision().name()}),
@@ -133,13 +161,7 @@ async fn handle(
 }
 
 /// Serves webhooks on `listener` until shutdown.
-pub async fn serve(
-    triggers: Triggers,
-    listener: tokio::net::TcpListener,
-    key: Vec<u8>,
-    shutdown: CancellationToken,
-) {
-    let key = Arc::new(key);
+pub async fn serve(hooks: Hooks, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
     let limit = Arc::new(tokio::sync::Semaphore::new(MAX_WEBHOOK_CONNECTIONS));
     loop {
         let (tcp, _) = tokio::select! {
@@ -149,12 +171,12 @@ pub async fn serve(
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             continue;
         };
-        let (triggers, key) = (triggers.clone(), key.clone());
+        let hooks = hooks.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let svc = hyper::service::service_fn(move |req| {
-                let (triggers, key) = (triggers.clone(), key.clone());
-                async move { Ok::<_, Infallible>(handle(triggers, key, req).await) }
+                let hooks = hooks.clone();
+                async move { Ok::<_, Infallible>(handle(hooks, req).await) }
             });
             let conn =
                 hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc);

@@ -33,10 +33,12 @@ pub enum Space {
     Agents,
     /// Paused interpreters: `snp_…` → snapshot bytes.
     Snapshots,
+    /// `scope/caller/key` → what a creating call with that key created.
+    Idempotency,
 }
 
 impl Space {
-    pub const ALL: [Space; 13] = [
+    pub const ALL: [Space; 14] = [
         Space::Tokens,
         Space::TokenSecrets,
         Space::Machines,
@@ -50,6 +52,7 @@ impl Space {
         Space::Policies,
         Space::Agents,
         Space::Snapshots,
+        Space::Idempotency,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -66,6 +69,7 @@ impl Space {
             Space::Policies => "policies",
             Space::Agents => "agents",
             Space::Snapshots => "snapshots",
+            Space::Idempotency => "idempotency",
         }
     }
 }
@@ -130,6 +134,15 @@ impl Op {
     /// A trigger record.
     pub fn trigger(t: &pb::Trigger) -> Op {
         Op::put(Space::Triggers, t.id.as_bytes(), t.encode_to_vec())
+    }
+    /// A Router policy.
+    pub fn policy(p: &pb::RouterPolicy) -> Op {
+        Op::put(Space::Policies, p.id.as_bytes(), p.encode_to_vec())
+    }
+    /// What a creating call with an idempotency key created, written in
+    /// the same batch as the object itself.
+    pub fn idempotency(key: &str, r: &pb::IdempotencyRecord) -> Op {
+        Op::put(Space::Idempotency, key.as_bytes(), r.encode_to_vec())
     }
 }
 

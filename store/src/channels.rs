@@ -79,9 +79,8 @@ impl Store {
 
     // ── router policies ──
 
-    pub fn put_policy(&self, p: &pb::RouterPolicy) -> Result<()> {
-        self.kv
-            .put(Space::Policies, p.id.as_bytes(), &p.encode_to_vec())
+    pub fn get_policy(&self, id: &str) -> Result<Option<pb::RouterPolicy>> {
+        self.get_msg(Space::Policies, id)
     }
 
     /// Oldest first: the order the Router reads them in.

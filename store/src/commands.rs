@@ -16,18 +16,68 @@ fn pending_key(machine: &str, cmd: &str) -> Vec<u8> {
 }
 
 impl Store {
-    /// The record and its queue entry appear together: a dispatcher that
-    /// saw the entry first would take it for a crash's leftover.
-    pub fn create_command(&self, c: &pb::Command) -> Result<()> {
+    /// The record and its queue entry appear together (a dispatcher that
+    /// saw the entry first would take it for a crash's leftover), with
+    /// `extra` writes that must not happen without it (an idempotency
+    /// record).
+    pub fn create_command(&self, c: &pb::Command, extra: &[Op]) -> Result<()> {
         debug_assert_eq!(c.state(), CommandState::Queued);
-        self.kv.batch(&[
+        let mut ops = vec![
             Op::put(Space::Commands, c.id.as_bytes(), c.encode_to_vec()),
             Op::put(
                 Space::Pending,
                 pending_key(&c.machine_id, &c.id),
                 Vec::new(),
             ),
-        ])
+        ];
+        ops.extend_from_slice(extra);
+        // Counted under the lock the count is read under, so a count being
+        // taken never misses or doubles this one.
+        let mut counts = self.lock_counts();
+        self.kv.batch(&ops)?;
+        if let Some(n) = counts.get_mut(&c.machine_id) {
+            *n += 1;
+        }
+        Ok(())
+    }
+
+    fn lock_counts(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
+        self.pending_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Commands in a machine's queue (not yet ended), without reading them:
+    /// counted once from the queue index, then kept as commands come and go.
+    pub fn pending_count(&self, machine: &str) -> Result<usize> {
+        let mut counts = self.lock_counts();
+        if let Some(n) = counts.get(machine) {
+            return Ok(*n);
+        }
+        let prefix = format!("{machine}/").into_bytes();
+        let end = prefix_end(&prefix);
+        let n = self
+            .kv
+            .range(
+                Space::Pending,
+                Bound::Included(&prefix),
+                end.as_deref().map_or(Bound::Unbounded, Bound::Excluded),
+                false,
+                usize::MAX,
+            )?
+            .len();
+        counts.insert(machine.to_string(), n);
+        Ok(n)
+    }
+
+    /// Removes a queue entry (the command ended), keeping the count.
+    fn unqueue(&self, machine: &str, cmd: &str) -> Result<()> {
+        let mut counts = self.lock_counts();
+        self.kv.delete(Space::Pending, &pending_key(machine, cmd))?;
+        if let Some(n) = counts.get_mut(machine) {
+            *n = n.saturating_sub(1);
+        }
+        Ok(())
     }
 
     pub fn get_command(&self, id: &str) -> Result<Option<pb::Command>> {
@@ -40,10 +90,12 @@ impl Store {
     where
         F: FnMut(&mut pb::Command) -> Result<()>,
     {
+        let mut ended = false;
         let c = self.update_msg(Space::Commands, id, |c: &mut pb::Command| {
             let from = c.state();
             f(c)?;
             let to = c.state();
+            ended = !from.is_terminal() && to.is_terminal();
             if from != to && !from.can_become(to) {
                 return Err(StoreError::IllegalTransition {
                     id: c.id.clone(),
@@ -53,9 +105,8 @@ impl Store {
             }
             Ok(())
         })?;
-        if c.state().is_terminal() {
-            self.kv
-                .delete(Space::Pending, &pending_key(&c.machine_id, &c.id))?;
+        if ended {
+            self.unqueue(&c.machine_id, &c.id)?;
         }
         Ok(c)
     }
@@ -99,7 +150,7 @@ impl Store {
                 Some(c) if !c.state().is_terminal() => out.push(c),
                 // A crash between the terminal write and the index delete
                 // leaves a stale entry: clean it now.
-                Some(_) => self.kv.delete(Space::Pending, &k)?,
+                Some(c) => self.unqueue(machine, &c.id)?,
                 // Never deleted here: only a command's end removes it.
                 None => tracing::warn!(cmd = %id, "queue entry without a command record"),
             }

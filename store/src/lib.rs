@@ -22,6 +22,7 @@ mod backend;
 mod blobs;
 mod channels;
 mod commands;
+mod idempotency;
 mod machines;
 mod sled_backend;
 mod tokens;
@@ -81,6 +82,8 @@ pub const MAX_LIST: usize = 10_000;
 #[derive(Clone)]
 pub struct Store {
     kv: Arc<dyn Backend>,
+    /// Machine → commands in its queue, for machines counted so far.
+    pending_counts: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 }
 
 /// How long a flush may take before the log says so (and again each time).
@@ -88,7 +91,10 @@ const SLOW_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Store {
     pub fn new(kv: Arc<dyn Backend>) -> Self {
-        Self { kv }
+        Self {
+            kv,
+            pending_counts: Arc::default(),
+        }
     }
 
     pub fn open_sled(dir: &Path) -> Result<Self> {

@@ -42,7 +42,7 @@ fn commands_created_while_the_queue_is_read_stay_queued() {
             let s = s.clone();
             std::thread::spawn(move || {
                 for i in 0..250 {
-                    s.create_command(&cmd(&format!("cmd_{w}_{i:03}"), "mch_a"))
+                    s.create_command(&cmd(&format!("cmd_{w}_{i:03}"), "mch_a"), &[])
                         .unwrap();
                 }
             })
@@ -54,6 +54,56 @@ fn commands_created_while_the_queue_is_read_stay_queued() {
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     reader.join().unwrap();
     assert_eq!(s.pending_commands("mch_a").unwrap().len(), 1000);
+    assert_eq!(s.pending_count("mch_a").unwrap(), 1000, "the count kept up");
+}
+
+/// The queue count follows creates and ends without reading the queue,
+/// and a fresh store counts what is there.
+#[test]
+fn the_queue_count_follows_commands_in_and_out() {
+    let (d, s) = store();
+    assert_eq!(s.pending_count("mch_a").unwrap(), 0);
+    for i in 0..5 {
+        s.create_command(&cmd(&format!("cmd_{i}"), "mch_a"), &[])
+            .unwrap();
+    }
+    s.create_command(&cmd("cmd_b", "mch_b"), &[]).unwrap();
+    assert_eq!(s.pending_count("mch_a").unwrap(), 5);
+    for id in ["cmd_0", "cmd_1"] {
+        s.transition(id, &[CommandState::Queued], CommandState::Cancelled, |_| {})
+            .unwrap();
+    }
+    // Ending an ended command again changes nothing.
+    s.update_command("cmd_0", |_| Ok(())).unwrap();
+    assert_eq!(s.pending_count("mch_a").unwrap(), 3);
+    assert_eq!(s.pending_count("mch_b").unwrap(), 1);
+    s.flush().unwrap();
+    drop(s);
+    let s = Store::open_sled(d.path()).unwrap();
+    assert_eq!(s.pending_count("mch_a").unwrap(), 3);
+}
+
+#[test]
+fn idempotency_records_are_kept_then_forgotten() {
+    let (_d, s) = store();
+    for (k, at) in [("command/admin:a/k1", 100), ("command/admin:a/k2", 300)] {
+        let r = pb::IdempotencyRecord {
+            object_id: format!("cmd_{k}"),
+            created_at_ms: at,
+            ..Default::default()
+        };
+        s.batch(&[Op::idempotency(k, &r)]).unwrap();
+    }
+    assert_eq!(
+        s.get_idempotency("command/admin:a/k1")
+            .unwrap()
+            .unwrap()
+            .object_id,
+        "cmd_command/admin:a/k1"
+    );
+    assert_eq!(s.expire_idempotency(200, usize::MAX).unwrap(), 1);
+    assert!(s.get_idempotency("command/admin:a/k1").unwrap().is_none());
+    assert!(s.get_idempotency("command/admin:a/k2").unwrap().is_some());
 }
 
 /// Messages arriving at once on a new thread all land on one thread.
@@ -132,7 +182,7 @@ fn batch_writes_and_deletes_across_spaces_at_once() {
 #[test]
 fn command_transitions_are_checked() {
     let (_d, s) = store();
-    s.create_command(&cmd("cmd_a", "mch_a")).unwrap();
+    s.create_command(&cmd("cmd_a", "mch_a"), &[]).unwrap();
     assert_eq!(s.pending_commands("mch_a").unwrap().len(), 1);
     let err = s
         .update_command("cmd_a", |c| {
@@ -176,7 +226,7 @@ fn list_commands_filters_newest_first() {
     for (i, m) in ["mch_a", "mch_b", "mch_a"].iter().enumerate() {
         let mut c = cmd(&format!("cmd_{i}"), m);
         c.created_at_ms = 100 * (i as u64 + 1);
-        s.create_command(&c).unwrap();
+        s.create_command(&c, &[]).unwrap();
     }
     let ids = |v: Vec<pb::Command>| v.into_iter().map(|c| c.id).collect::<Vec<_>>();
     assert_eq!(
@@ -226,7 +276,7 @@ fn token_redeemed_once() {
         expires_at_ms: 100,
         ..Default::default()
     };
-    s.create_token(&t).unwrap();
+    s.create_token(&t, &[]).unwrap();
     assert_eq!(
         s.redeem_token("x", "mch_a", 1).unwrap(),
         Err(RedeemError::Unknown)
@@ -242,7 +292,7 @@ fn token_redeemed_once() {
         expires_at_ms: 100,
         ..Default::default()
     };
-    s.create_token(&t2).unwrap();
+    s.create_token(&t2, &[]).unwrap();
     assert_eq!(
         s.redeem_token("h2", "mch_a", 100).unwrap(),
         Err(RedeemError::Expired)

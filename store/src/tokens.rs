@@ -11,15 +11,17 @@ use crate::{decode, RedeemError, Result, Store, MAX_LIST};
 impl Store {
     /// The token and its secret's index appear together (a crash between
     /// two writes would leave an index to nothing).
-    pub fn create_token(&self, token: &pb::Token) -> Result<()> {
-        self.kv.batch(&[
+    pub fn create_token(&self, token: &pb::Token, extra: &[Op]) -> Result<()> {
+        let mut ops = vec![
             Op::put(Space::Tokens, token.id.as_bytes(), token.encode_to_vec()),
             Op::put(
                 Space::TokenSecrets,
                 token.secret_sha256.as_bytes(),
                 token.id.as_bytes().to_vec(),
             ),
-        ])
+        ];
+        ops.extend_from_slice(extra);
+        self.kv.batch(&ops)
     }
 
     pub fn get_token_by_secret(&self, secret_sha256: &str) -> Result<Option<pb::Token>> {

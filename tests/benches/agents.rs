@@ -103,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
             text: "a message of ordinary length about the build".into(),
             mention: i % 2 == 0,
             from_bot: false,
+            idempotency_key: String::new(),
         };
         ingest.ingest(ev).await?;
     }

@@ -6,19 +6,25 @@ use byom_api::Client;
 use byom_protocol::pb;
 use serde_json::Value;
 
+/// One agents request. Ops that change something (`cancel`, `answer`)
+/// carry an idempotency key and are retried across a server restart.
 pub async fn agent(c: &mut Client, op: &str, id: &str, body: Value) -> anyhow::Result<Value> {
-    let r = c
-        .agent(pb::AgentRequest {
-            op: op.into(),
-            id: id.into(),
-            json: if body.is_null() {
-                String::new()
-            } else {
-                body.to_string()
-            },
-        })
-        .await?
-        .into_inner();
+    let req = pb::AgentRequest {
+        op: op.into(),
+        id: id.into(),
+        json: if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        },
+        idempotency_key: byom_api::new_key(),
+    };
+    let r = byom_api::until_answered(|| {
+        let (mut c, req) = (c.clone(), req.clone());
+        async move { c.agent(req).await }
+    })
+    .await?
+    .into_inner();
     serde_json::from_str(&r.json).context("the server sent a reply that is not JSON")
 }
 

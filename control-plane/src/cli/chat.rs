@@ -90,17 +90,22 @@ pub async fn run(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
             a.source, a.thread, a.user
         );
     }
+    // Each message once, even when the server restarts while it is sent.
     let send = |text: String| {
-        let mut c = c.clone();
-        let (source, thread, user) = (a.source.clone(), a.thread.clone(), a.user.clone());
+        let c = c.clone();
+        let req = pb::SendEventRequest {
+            source: a.source.clone(),
+            thread: a.thread.clone(),
+            user: a.user.clone(),
+            text,
+            mention: true,
+            from_bot: false,
+            idempotency_key: byom_api::new_key(),
+        };
         async move {
-            c.send_event(pb::SendEventRequest {
-                source,
-                thread,
-                user,
-                text,
-                mention: true,
-                from_bot: false,
+            byom_api::until_answered(|| {
+                let (mut c, req) = (c.clone(), req.clone());
+                async move { c.send_event(req).await }
             })
             .await
             .map(|r| {

@@ -57,19 +57,23 @@ pub async fn run(c: &mut Client, cmd: EventsCmd) -> anyhow::Result<i32> {
             text,
             json,
         } => {
-            let t = c
-                .send_event(pb::SendEventRequest {
-                    source,
-                    thread,
-                    user,
-                    text,
-                    mention,
-                    from_bot: bot,
-                })
-                .await?
-                .into_inner()
-                .trigger
-                .unwrap_or_default();
+            let req = pb::SendEventRequest {
+                source,
+                thread,
+                user,
+                text,
+                mention,
+                from_bot: bot,
+                idempotency_key: byom_api::new_key(),
+            };
+            let t = byom_api::until_answered(|| {
+                let (mut c, req) = (c.clone(), req.clone());
+                async move { c.send_event(req).await }
+            })
+            .await?
+            .into_inner()
+            .trigger
+            .unwrap_or_default();
             if json {
                 print_json(&trigger_json(&t));
             } else {

@@ -47,6 +47,12 @@ pub struct ExecArgs {
     /// Print the final command record as JSON instead of streaming.
     #[arg(long)]
     pub json: bool,
+    /// Create the command at most once for this key: running `byom exec`
+    /// again with the same key (say, after a lost answer) returns the first
+    /// command instead of a second. Default: a fresh key per invocation,
+    /// reused by this invocation's own retries.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
     /// The command and its arguments.
     #[arg(last = true)]
     pub argv: Vec<String>,
@@ -89,22 +95,27 @@ pub async fn run(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
         bail!("give either --sh 'COMMAND LINE' or a command after `--`, not both");
     }
     let stdin = if a.stdin { read_stdin()? } else { Vec::new() };
-    let cmd = c
-        .create_command(pb::CreateCommandRequest {
-            machine: a.machine.clone().unwrap_or_default(),
-            labels: a.labels.into_iter().collect(),
-            argv: a.argv,
-            shell: a.shell.unwrap_or_default(),
-            cwd: a.cwd.unwrap_or_default(),
-            env: a.env.into_iter().collect(),
-            stdin,
-            timeout_ms: a.timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
-            queue_ttl_ms: a.queue_ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
-        })
-        .await?
-        .into_inner()
-        .command
-        .context("server returned no command")?;
+    let req = pb::CreateCommandRequest {
+        machine: a.machine.clone().unwrap_or_default(),
+        labels: a.labels.into_iter().collect(),
+        argv: a.argv,
+        shell: a.shell.unwrap_or_default(),
+        cwd: a.cwd.unwrap_or_default(),
+        env: a.env.into_iter().collect(),
+        stdin,
+        timeout_ms: a.timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
+        queue_ttl_ms: a.queue_ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
+        idempotency_key: a.idempotency_key.unwrap_or_else(byom_api::new_key),
+    };
+    // Sent again, with the same key, if the server restarts meanwhile.
+    let cmd = byom_api::until_answered(|| {
+        let (mut c, req) = (c.clone(), req.clone());
+        async move { c.create_command(req).await }
+    })
+    .await?
+    .into_inner()
+    .command
+    .context("server returned no command")?;
     let m = c
         .get_machine(pb::MachineRef {
             machine: cmd.machine_id.clone(),

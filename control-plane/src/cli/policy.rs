@@ -31,12 +31,18 @@ fn policy_json(p: &pb::RouterPolicy) -> Value {
 pub async fn run(c: &mut Client, cmd: PolicyCmd) -> anyhow::Result<i32> {
     match cmd {
         PolicyCmd::Add { text, json } => {
-            let p = c
-                .add_policy(pb::AddPolicyRequest { text })
-                .await?
-                .into_inner()
-                .policy
-                .unwrap_or_default();
+            let req = pb::AddPolicyRequest {
+                text,
+                idempotency_key: byom_api::new_key(),
+            };
+            let p = byom_api::until_answered(|| {
+                let (mut c, req) = (c.clone(), req.clone());
+                async move { c.add_policy(req).await }
+            })
+            .await?
+            .into_inner()
+            .policy
+            .unwrap_or_default();
             if json {
                 print_json(&policy_json(&p));
             } else {

@@ -49,15 +49,19 @@ pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
             replace,
             json,
         } => {
-            let r = c
-                .create_token(pb::CreateTokenRequest {
-                    ttl_ms: ttl.as_millis() as u64,
-                    name: name.unwrap_or_default(),
-                    labels: l.into_iter().collect(),
-                    replace: replace.clone().unwrap_or_default(),
-                })
-                .await?
-                .into_inner();
+            let req = pb::CreateTokenRequest {
+                ttl_ms: ttl.as_millis() as u64,
+                name: name.unwrap_or_default(),
+                labels: l.into_iter().collect(),
+                replace: replace.clone().unwrap_or_default(),
+                idempotency_key: byom_api::new_key(),
+            };
+            let r = byom_api::until_answered(|| {
+                let (mut c, req) = (c.clone(), req.clone());
+                async move { c.create_token(req).await }
+            })
+            .await?
+            .into_inner();
             let t = r.token.unwrap_or_default();
             if json {
                 let mut v = token_json(&t);

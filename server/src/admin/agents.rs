@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use tonic::Status;
 
 use super::{store_err, Api};
+use crate::idempotency::Pending;
 
 /// Rows kept in one listing.
 const MAX_ROWS: usize = 1000;
@@ -122,9 +123,27 @@ impl Api {
     /// and answers.
     pub(super) async fn agent(
         &self,
-        r: pb::AgentRequest,
+        mut r: pb::AgentRequest,
         by: &str,
     ) -> Result<pb::AgentResponse, Status> {
+        // The two ops that change something take an idempotency key.
+        let key = std::mem::take(&mut r.idempotency_key);
+        let claim = if matches!(r.op.as_str(), "cancel" | "answer") {
+            let scope = format!("agent-{}", r.op);
+            match self
+                .claim(&scope, by, &key, &super::fingerprint(&r, &[]))
+                .await?
+            {
+                Ok(p) => Some(p),
+                Err(done) => {
+                    return Ok(pb::AgentResponse {
+                        json: done.reply_json,
+                    })
+                }
+            }
+        } else {
+            None
+        };
         let args: Value = if r.json.trim().is_empty() {
             Value::Null
         } else {
@@ -147,7 +166,7 @@ impl Api {
                 Value::Array(rows)
             }
             "worker" => self.worker(id)?,
-            "cancel" => self.cancel_task(id, by).await?,
+            "cancel" => self.cancel_task(id, by, claim.as_ref()).await?,
             "approvals" => {
                 let all = args.get("all").and_then(Value::as_bool).unwrap_or(false);
                 let rows: Vec<Value> = self
@@ -163,7 +182,7 @@ impl Api {
                     .collect();
                 Value::Array(rows)
             }
-            "answer" => self.answer(id, &args, by).await?,
+            "answer" => self.answer(id, &args, by, claim.as_ref()).await?,
             "threads" => self.threads()?,
             "thread" => self.thread(id)?,
             "router" => {
@@ -216,7 +235,12 @@ impl Api {
         Ok(v)
     }
 
-    async fn cancel_task(&self, id: &str, by: &str) -> Result<Value, Status> {
+    async fn cancel_task(
+        &self,
+        id: &str,
+        by: &str,
+        claim: Option<&Pending>,
+    ) -> Result<Value, Status> {
         let w = self
             .workers()?
             .into_iter()
@@ -232,11 +256,18 @@ impl Api {
             worker: id.to_string(),
             by: by.to_string(),
         };
-        self.agents.enqueue(&ev).await.map_err(store_err)?;
-        Ok(json!({"id": id, "cancelling": true}))
+        let reply = json!({"id": id, "cancelling": true});
+        self.enqueue(&ev, id, &reply, claim).await?;
+        Ok(reply)
     }
 
-    async fn answer(&self, id: &str, args: &Value, by: &str) -> Result<Value, Status> {
+    async fn answer(
+        &self,
+        id: &str,
+        args: &Value,
+        by: &str,
+        claim: Option<&Pending>,
+    ) -> Result<Value, Status> {
         let a = self
             .approvals()?
             .into_iter()
@@ -260,8 +291,24 @@ impl Api {
             answer: args.get("answer").cloned().unwrap_or(Value::Null),
             by: by.to_string(),
         };
-        self.agents.enqueue(&ev).await.map_err(store_err)?;
-        Ok(json!({"id": id, "approved": approved}))
+        let reply = json!({"id": id, "approved": approved});
+        self.enqueue(&ev, id, &reply, claim).await?;
+        Ok(reply)
+    }
+
+    /// Puts a person's word in the agents' inbox, with the idempotency
+    /// record of the call that carried it.
+    async fn enqueue(
+        &self,
+        ev: &Event,
+        id: &str,
+        reply: &Value,
+        claim: Option<&Pending>,
+    ) -> Result<(), Status> {
+        let extra = claim
+            .map(|p| p.ops(id, &reply.to_string()))
+            .unwrap_or_default();
+        self.agents.enqueue(ev, &extra).await.map_err(store_err)
     }
 
     fn threads(&self) -> Result<Value, Status> {

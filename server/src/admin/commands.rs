@@ -10,7 +10,7 @@ use byom_protocol::pb::{self, CommandState};
 use byom_store::MAX_LIST;
 use tonic::Status;
 
-use super::{command_err, store_err, Api, Stream};
+use super::{command_err, fingerprint, store_err, Api, Stream};
 use crate::commands::{NewCommand, Target};
 
 /// Events buffered per WatchCommand stream before the server waits for the
@@ -31,9 +31,26 @@ impl Api {
 
     pub(super) async fn create_command(
         &self,
-        req: pb::CreateCommandRequest,
+        mut req: pb::CreateCommandRequest,
         by: String,
     ) -> Result<pb::CommandResponse, Status> {
+        let key = std::mem::take(&mut req.idempotency_key);
+        let (env, labels) = (
+            std::mem::take(&mut req.env),
+            std::mem::take(&mut req.labels),
+        );
+        let request = fingerprint(&req, &[&env, &labels]);
+        let claim = match self.claim("command", &by, &key, &request).await? {
+            Ok(p) => p,
+            // A retry: the command the first call created.
+            Err(r) => {
+                return Ok(pb::CommandResponse {
+                    command: Some(self.command(&r.object_id)?),
+                })
+            }
+        };
+        req.env = env;
+        req.labels = labels;
         let target =
             match (req.machine.is_empty(), req.labels.is_empty()) {
                 (false, true) => Target::Machine(req.machine),
@@ -44,18 +61,21 @@ impl Api {
             };
         let c = self
             .commands
-            .create(NewCommand {
-                id: None,
-                target,
-                argv: req.argv,
-                shell: req.shell,
-                cwd: req.cwd,
-                env: req.env,
-                stdin: req.stdin,
-                timeout_ms: req.timeout_ms,
-                queue_ttl_ms: req.queue_ttl_ms,
-                requested_by: by,
-            })
+            .create(
+                NewCommand {
+                    id: None,
+                    target,
+                    argv: req.argv,
+                    shell: req.shell,
+                    cwd: req.cwd,
+                    env: req.env,
+                    stdin: req.stdin,
+                    timeout_ms: req.timeout_ms,
+                    queue_ttl_ms: req.queue_ttl_ms,
+                    requested_by: by,
+                },
+                Some(&claim),
+            )
             .await
             .map_err(command_err)?;
         Ok(pb::CommandResponse { command: Some(c) })

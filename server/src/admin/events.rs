@@ -6,7 +6,7 @@ use byom_protocol::pb;
 use byom_store::MAX_LIST;
 use tonic::Status;
 
-use super::{store_err, Api, Stream};
+use super::{fingerprint, store_err, Api, Stream};
 
 /// Longest natural-language policy, and most of them.
 const MAX_POLICY_BYTES: usize = 4096;
@@ -19,14 +19,34 @@ const TAIL_BUFFER: usize = 64;
 impl Api {
     pub(super) async fn send_event(
         &self,
-        ev: pb::SendEventRequest,
+        mut ev: pb::SendEventRequest,
+        by: &str,
     ) -> Result<pb::SendEventResponse, Status> {
         if ev.source.trim().is_empty() || ev.thread.trim().is_empty() || ev.user.trim().is_empty() {
             return Err(Status::invalid_argument(
                 "an event needs a source, a thread and a user",
             ));
         }
-        let t = self.triggers.ingest(ev).await.map_err(store_err)?;
+        let key = std::mem::take(&mut ev.idempotency_key);
+        let claim = match self
+            .claim("event", by, &key, &fingerprint(&ev, &[]))
+            .await?
+        {
+            Ok(p) => p,
+            Err(r) => {
+                let t = self
+                    .store
+                    .get_trigger(&r.object_id)
+                    .map_err(store_err)?
+                    .ok_or_else(|| Status::not_found(format!("trigger {} is gone", r.object_id)))?;
+                return Ok(pb::SendEventResponse { trigger: Some(t) });
+            }
+        };
+        let t = self
+            .triggers
+            .ingest(ev, Some(&claim))
+            .await
+            .map_err(store_err)?;
         Ok(pb::SendEventResponse { trigger: Some(t) })
     }
 
@@ -72,9 +92,26 @@ impl Api {
 
     pub(super) async fn add_policy(
         &self,
-        req: pb::AddPolicyRequest,
+        mut req: pb::AddPolicyRequest,
         by: String,
     ) -> Result<pb::PolicyResponse, Status> {
+        let key = std::mem::take(&mut req.idempotency_key);
+        let claim = match self
+            .claim("policy", &by, &key, &fingerprint(&req, &[]))
+            .await?
+        {
+            Ok(p) => p,
+            Err(r) => {
+                let p = self
+                    .store
+                    .get_policy(&r.object_id)
+                    .map_err(store_err)?
+                    .ok_or_else(|| {
+                        Status::not_found(format!("policy {} was removed", r.object_id))
+                    })?;
+                return Ok(pb::PolicyResponse { policy: Some(p) });
+            }
+        };
         let text = req.text.trim().to_string();
         if text.is_empty() || text.len() > MAX_POLICY_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -93,7 +130,9 @@ impl Api {
             created_at_ms: now,
             created_by: by,
         };
-        self.store.put_policy(&p).map_err(store_err)?;
+        let mut ops = vec![byom_store::Op::policy(&p)];
+        ops.extend(claim.ops(&p.id, ""));
+        self.store.batch(&ops).map_err(store_err)?;
         self.store.flush_async().await.map_err(store_err)?;
         Ok(pb::PolicyResponse { policy: Some(p) })
     }

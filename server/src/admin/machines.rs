@@ -11,7 +11,7 @@ use byom_protocol::token::PairingToken;
 use byom_store::StoreError;
 use tonic::Status;
 
-use super::{store_err, Api};
+use super::{fingerprint, store_err, Api};
 use crate::live::decorate;
 
 fn ms(d: Duration) -> u64 {
@@ -41,8 +41,29 @@ impl Api {
 
     pub(super) async fn create_token(
         &self,
-        req: pb::CreateTokenRequest,
+        mut req: pb::CreateTokenRequest,
+        by: &str,
     ) -> Result<pb::CreateTokenResponse, Status> {
+        let key = std::mem::take(&mut req.idempotency_key);
+        let labels = std::mem::take(&mut req.labels);
+        let request = fingerprint(&req, &[&labels]);
+        req.labels = labels;
+        let claim = match self.claim("token", by, &key, &request).await? {
+            Ok(p) => p,
+            // A retry: the same token, its secret derived again.
+            Err(r) => {
+                let mut token = self
+                    .store
+                    .get_token(&r.object_id)
+                    .map_err(store_err)?
+                    .ok_or_else(|| Status::not_found(format!("token {} is gone", r.object_id)))?;
+                token.secret_sha256.clear();
+                return Ok(pb::CreateTokenResponse {
+                    token: Some(token),
+                    secret: self.token_string(by, &key).encode(),
+                });
+            }
+        };
         let ttl = if req.ttl_ms == 0 {
             ms(limits::DEFAULT_TOKEN_TTL)
         } else {
@@ -73,10 +94,14 @@ impl Api {
             m.id
         };
         let now = byom_wire::now_ms();
-        let secret = PairingToken::generate(
-            self.identity.pki.ca_sha256,
-            self.identity.public_addr.clone(),
-        );
+        let secret = if key.is_empty() {
+            PairingToken::generate(
+                self.identity.pki.ca_sha256,
+                self.identity.public_addr.clone(),
+            )
+        } else {
+            self.token_string(by, &key)
+        };
         let token = pb::Token {
             id: TokenId::new(now).to_string(),
             name: req.name,
@@ -87,7 +112,9 @@ impl Api {
             replace_machine,
             ..Default::default()
         };
-        self.store.create_token(&token).map_err(store_err)?;
+        self.store
+            .create_token(&token, &claim.ops(&token.id, ""))
+            .map_err(store_err)?;
         self.store.flush_async().await.map_err(store_err)?;
         let mut shown = token;
         shown.secret_sha256.clear();
@@ -95,6 +122,15 @@ impl Api {
             token: Some(shown),
             secret: secret.encode(),
         })
+    }
+
+    /// The token a key derives: the same for every retry, never stored.
+    fn token_string(&self, by: &str, key: &str) -> PairingToken {
+        PairingToken {
+            ca_sha256: self.identity.pki.ca_sha256,
+            secret: self.identity.token_secret(by, key),
+            server_addr: self.identity.public_addr.clone(),
+        }
     }
 
     pub(super) fn list_tokens(

@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status};
 
 use crate::agents::AgentInbox;
 use crate::commands::{CommandError, Commands};
+use crate::idempotency::{Claim, IdemError, Idempotency, Pending};
 use crate::identity::ServerIdentity;
 use crate::live::LiveMachines;
 use crate::pki::Role;
@@ -46,6 +47,7 @@ pub struct Api {
     pub commands: Commands,
     pub triggers: Triggers,
     pub agents: AgentInbox,
+    pub idem: Idempotency,
     pub shutdown: CancellationToken,
 }
 
@@ -175,6 +177,56 @@ fn command_err(e: CommandError) -> Status {
     }
 }
 
+fn idem_err(e: IdemError) -> Status {
+    match e {
+        IdemError::BadKey => Status::invalid_argument(e.to_string()),
+        IdemError::Reused(_) => Status::failed_precondition(e.to_string()),
+        IdemError::Store(e) => store_err(e),
+    }
+}
+
+/// A request as idempotency compares it: its encoding without the key,
+/// with map fields (which prost encodes in hash order) appended sorted.
+fn fingerprint<M: prost::Message>(
+    rest: &M,
+    maps: &[&std::collections::HashMap<String, String>],
+) -> Vec<u8> {
+    let mut b = rest.encode_to_vec();
+    for m in maps {
+        let sorted: std::collections::BTreeMap<_, _> = m.iter().collect();
+        for (k, v) in sorted {
+            b.extend_from_slice(k.as_bytes());
+            b.push(0);
+            b.extend_from_slice(v.as_bytes());
+            b.push(0);
+        }
+        b.push(1);
+    }
+    b
+}
+
+impl Api {
+    /// Claims a creating call's idempotency key: `Ok(Err(record))` when the
+    /// key already created something.
+    async fn claim(
+        &self,
+        scope: &str,
+        by: &str,
+        key: &str,
+        request: &[u8],
+    ) -> Result<Result<Pending, byom_protocol::pb::IdempotencyRecord>, Status> {
+        match self
+            .idem
+            .claim(scope, by, key, request)
+            .await
+            .map_err(idem_err)?
+        {
+            Claim::New(p) => Ok(Ok(p)),
+            Claim::Done(r) => Ok(Err(r)),
+        }
+    }
+}
+
 type Reply<T> = Result<Response<T>, Status>;
 type Stream<T> = Pin<Box<dyn futures_util::Stream<Item = Result<T, Status>> + Send>>;
 
@@ -196,7 +248,10 @@ impl Admin for Api {
         &self,
         req: Request<pb::CreateTokenRequest>,
     ) -> Reply<pb::CreateTokenResponse> {
-        self.create_token(req.into_inner()).await.map(Response::new)
+        let by = caller(&req);
+        self.create_token(req.into_inner(), &by)
+            .await
+            .map(Response::new)
     }
 
     async fn list_tokens(
@@ -282,7 +337,10 @@ impl Admin for Api {
     }
 
     async fn send_event(&self, req: Request<pb::SendEventRequest>) -> Reply<pb::SendEventResponse> {
-        self.send_event(req.into_inner()).await.map(Response::new)
+        let by = caller(&req);
+        self.send_event(req.into_inner(), &by)
+            .await
+            .map(Response::new)
     }
 
     async fn list_triggers(

@@ -47,9 +47,12 @@ impl AgentInbox {
         )
     }
 
-    /// Puts an event in the inbox (durably) and wakes the driver.
-    pub async fn enqueue(&self, ev: &Event) -> Result<(), StoreError> {
-        self.store.batch(&[Self::op(ev)])?;
+    /// Puts an event in the inbox (durably, with `extra` writes in the same
+    /// batch) and wakes the driver.
+    pub async fn enqueue(&self, ev: &Event, extra: &[Op]) -> Result<(), StoreError> {
+        let mut ops = vec![Self::op(ev)];
+        ops.extend_from_slice(extra);
+        self.store.batch(&ops)?;
         self.store.flush_async().await?;
         self.wake();
         Ok(())

@@ -23,6 +23,7 @@ use byom_protocol::pb::{self, CommandState};
 use byom_store::{Store, StoreError};
 use tokio::sync::watch;
 
+use crate::idempotency::Pending;
 use crate::live::decorate;
 use crate::live::LiveMachines;
 use queue::Candidate;
@@ -174,9 +175,14 @@ impl Commands {
         }
     }
 
-    /// Validates, picks the machine, stores the command `queued` (flushed)
-    /// and wakes the machine's dispatcher.
-    pub async fn create(&self, n: NewCommand) -> Result<pb::Command, CommandError> {
+    /// Validates, picks the machine, stores the command `queued` (flushed,
+    /// with `claim`'s idempotency record in the same batch) and wakes the
+    /// machine's dispatcher.
+    pub async fn create(
+        &self,
+        n: NewCommand,
+        claim: Option<&Pending>,
+    ) -> Result<pb::Command, CommandError> {
         let invalid = |m: String| Err(CommandError::Invalid(m));
         if let Some(id) = &n.id {
             if CommandId::parse(id).is_err() {
@@ -222,12 +228,11 @@ impl Commands {
                 m.name
             )));
         }
-        let pending = self.store().pending_commands(&m.id)?;
-        if pending.len() >= limits::MAX_QUEUED_PER_MACHINE {
+        let queued = self.store().pending_count(&m.id)?;
+        if queued >= limits::MAX_QUEUED_PER_MACHINE {
             return Err(CommandError::Full(format!(
-                "machine {} already has {} commands waiting; cancel some or wait",
-                m.name,
-                pending.len()
+                "machine {} already has {queued} commands waiting; cancel some or wait",
+                m.name
             )));
         }
         let ttl = if n.queue_ttl_ms == 0 {
@@ -251,7 +256,8 @@ impl Commands {
             requested_by: n.requested_by,
             ..Default::default()
         };
-        self.store().create_command(&c)?;
+        let extra = claim.map(|p| p.ops(&c.id, "")).unwrap_or_default();
+        self.store().create_command(&c, &extra)?;
         // Acknowledged only once durable.
         self.flush().await?;
         if let Some(live) = self.inner.live.get(&m.id) {
@@ -276,19 +282,22 @@ impl Commands {
         if shell.is_empty() {
             return Err(CommandError::Invalid("the command text was lost".into()));
         }
-        self.create(NewCommand {
-            id: Some(id.to_string()),
-            target,
-            argv: Vec::new(),
-            shell: shell.to_string(),
-            cwd: String::new(),
-            env: HashMap::new(),
-            stdin: Vec::new(),
-            // A model's timeout is a wish: the longest allowed serves it.
-            timeout_ms: timeout_ms.min(ms(limits::MAX_COMMAND_TIMEOUT)),
-            queue_ttl_ms: 0,
-            requested_by: requested_by.to_string(),
-        })
+        self.create(
+            NewCommand {
+                id: Some(id.to_string()),
+                target,
+                argv: Vec::new(),
+                shell: shell.to_string(),
+                cwd: String::new(),
+                env: HashMap::new(),
+                stdin: Vec::new(),
+                // A model's timeout is a wish: the longest allowed serves it.
+                timeout_ms: timeout_ms.min(ms(limits::MAX_COMMAND_TIMEOUT)),
+                queue_ttl_ms: 0,
+                requested_by: requested_by.to_string(),
+            },
+            None,
+        )
         .await
         .map(|_| ())
     }
