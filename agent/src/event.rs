@@ -75,6 +75,13 @@ pub enum Event {
         cmd: String,
         result: CommandResult,
     },
+    /// A worker's command waits on a machine that went offline: it is still
+    /// pending (the worker may wait, stop it, or use another machine).
+    CommandPending {
+        worker: String,
+        cmd: String,
+        note: String,
+    },
     JsDone {
         worker: String,
         run: u64,
@@ -111,6 +118,9 @@ impl Event {
                 cmd,
                 result,
             } => format!("command done {cmd} of {worker}: {}", result.state),
+            Event::CommandPending { worker, cmd, .. } => {
+                format!("command pending {cmd} of {worker}")
+            }
             Event::JsDone {
                 worker,
                 run,

@@ -512,7 +512,8 @@ fn worker_rules(req: &Request) -> Vec<(String, Value)> {
             ));
         }
     }
-    if events.iter().any(|e| e.attrs.contains_key("command")) && all_commands_done(req) {
+    // A command still pending (its machine went offline) is waited for.
+    if events.iter().any(is_command_end) && all_commands_done(req) {
         let mut lines = Vec::new();
         for e in finished_since_report(req) {
             let cmd = e.body.lines().next().unwrap_or("").trim_matches('`');
@@ -601,6 +602,11 @@ pub fn parallel_program(cmds: &[String], ask: Option<&str>, machine: &str) -> St
     s
 }
 
+/// A command's end (not a note that it is still pending).
+fn is_command_end(e: &El) -> bool {
+    e.attrs.contains_key("command") && attr(e, "state") != "pending"
+}
+
 fn all_commands_done(req: &Request) -> bool {
     let mut started = 0usize;
     let mut finished = 0usize;
@@ -610,7 +616,7 @@ fn all_commands_done(req: &Request) -> bool {
             Role::User => {
                 finished += elements(&m.text, "event")
                     .iter()
-                    .filter(|e| e.attrs.contains_key("command"))
+                    .filter(|e| is_command_end(e))
                     .count()
             }
             _ => {}
@@ -630,7 +636,7 @@ fn finished_since_report(req: &Request) -> Vec<El> {
             out.extend(
                 elements(&m.text, "event")
                     .into_iter()
-                    .filter(|e| e.attrs.contains_key("command")),
+                    .filter(is_command_end),
             );
         }
     }
@@ -696,6 +702,38 @@ mod tests {
         let code = r.tool_calls[0].arguments["code"].as_str().unwrap();
         assert!(code.contains("agents.spawn") && code.contains("human.ask"));
         assert!(code.contains("\"uname -r\"") && !code.contains("[\"echo cleaned\""));
+    }
+
+    #[test]
+    fn a_pending_command_is_waited_for() {
+        let s = Scripted::default();
+        let mut req = Request {
+            system: crate::prompt::WORKER_SYSTEM.into(),
+            messages: vec![Message::user(
+                "Task: run `sleep 9` on lap\nDefault machine: lap\nYou are wrk_1.",
+            )],
+            ..Default::default()
+        };
+        let (r, _) = s.respond(&req);
+        assert_eq!(r.tool_calls[0].name, "shell_start");
+        req.messages
+            .push(Message::assistant("", r.tool_calls.clone()));
+        req.messages.push(Message::tool_result(
+            "call_1_0",
+            "started cmd_1; its result arrives as an event",
+        ));
+        req.messages.push(Message::user(
+            "<event command=cmd_1 machine=lap state=pending>`sleep 9`\nmachine lap is offline</event>",
+        ));
+        let (r, _) = s.respond(&req);
+        assert!(r.tool_calls.is_empty(), "waits, does not report: {r:?}");
+        req.messages
+            .push(Message::assistant(r.text.clone(), vec![]));
+        req.messages.push(Message::user(
+            "<event command=cmd_1 machine=lap state=exited exit=0 ms=9000>`sleep 9`\nstdout: \nstderr: </event>",
+        ));
+        let (r, _) = s.respond(&req);
+        assert_eq!(r.tool_calls[0].name, "report", "{r:?}");
     }
 
     #[test]

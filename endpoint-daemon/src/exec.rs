@@ -652,6 +652,13 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb
     .kill_on_drop(true);
     #[cfg(unix)]
     cmd.process_group(0);
+    // A cancel that came before the process exists (with the request, or
+    // while it waited) means it never starts; the watch below only sees
+    // cancels from here on.
+    let mut cancel = entry.cancel.subscribe();
+    if let Some(reason) = cancel.borrow_and_update().clone() {
+        return exit_record(CommandState::Cancelled, reason, t0, 0);
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -688,7 +695,6 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb
         .map(|e| tokio::spawn(pump(entry.clone(), e, true, Scrubber::new(&plan.secrets))));
 
     let timeout = plan.timeout;
-    let mut cancel = entry.cancel.subscribe();
     let mut ended_by: Option<(CommandState, String)> = None;
     let status = loop {
         let deadline = async {
@@ -804,6 +810,27 @@ mod tests {
             r.admit(req("cmd_1", "true")),
             Admission::AlreadyRan
         ));
+    }
+
+    /// A cancel right behind the request (before the process exists) means
+    /// it never starts.
+    #[tokio::test]
+    async fn a_cancel_before_the_start_means_it_never_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let r = Arc::new(Runner::new());
+        let Admission::Started(e) = r.admit(req("cmd_c", &format!("touch {}", marker.display())))
+        else {
+            panic!()
+        };
+        e.cancel("cancelled by admin");
+        let x = wait(&e).await;
+        assert_eq!(x.state(), CommandState::Cancelled, "{x:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !marker.exists(),
+            "a command cancelled before it started ran"
+        );
     }
 
     #[tokio::test]

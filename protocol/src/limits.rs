@@ -16,6 +16,10 @@ pub const MAX_STDIN_BYTES: usize = 512 * 1024;
 pub const MAX_COMMAND_LINE_BYTES: usize = 128 * 1024;
 /// Most environment variables a command may set.
 pub const MAX_ENV_VARS: usize = 256;
+/// Largest environment a command may set, names and values together.
+pub const MAX_ENV_BYTES: usize = 128 * 1024;
+/// Longest working directory.
+pub const MAX_CWD_BYTES: usize = 4096;
 /// Most labels per machine or token.
 pub const MAX_LABELS: usize = 32;
 /// Longest label key or value, and longest machine or token name.

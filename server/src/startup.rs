@@ -39,6 +39,10 @@ pub struct ServerOptions {
     /// QUIC address, with an unspecified IP replaced by this host's name.
     pub public_addr: Option<String>,
     pub cert_ttl: Duration,
+    /// How long a machine may stay offline, after a command of its should
+    /// have ended, before the command is given up as lost (a laptop asleep
+    /// overnight keeps its work).
+    pub offline_allowance: Duration,
     /// HTTP address for webhooks (POST /hooks/SOURCE, HMAC-signed).
     pub listen_webhook: SocketAddr,
     pub models: ModelOptions,
@@ -199,7 +203,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     // The handles: each task gets the ones it needs.
     let shutdown = CancellationToken::new();
     let live = Arc::new(LiveMachines::default());
-    let commands = Commands::new(store.clone(), live.clone());
+    let commands = Commands::new(store.clone(), live.clone(), opts.offline_allowance);
     let inbox = AgentInbox::new(store.clone());
     let triggers = Triggers::new(store.clone(), rules, inbox.clone());
     let idem = crate::idempotency::Idempotency::new(store.clone());

@@ -445,6 +445,20 @@ impl Daemon {
         }
     }
 
+    /// Freezes the daemon process, as a laptop's sleep does (SIGSTOP).
+    pub fn sigstop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            kill(c, libc::SIGSTOP);
+        }
+    }
+
+    /// Wakes it again (SIGCONT).
+    pub fn sigcont(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            kill(c, libc::SIGCONT);
+        }
+    }
+
     /// Exit status if the daemon process ended.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut()?.try_wait().ok()?

@@ -123,6 +123,16 @@ pub(super) fn command_done(cmd: &str, c: &CmdRef, r: &CommandResult, chars: usiz
     )
 }
 
+/// A command still pending on a machine that went offline.
+pub(super) fn command_pending(cmd: &str, c: &CmdRef, note: &str) -> String {
+    format!(
+        "<event command={cmd} machine={} state=pending>`{}`\n{}</event>",
+        c.machine,
+        escape(&c.command),
+        escape(note)
+    )
+}
+
 pub(super) fn program_done(
     worker: &str,
     run: u64,

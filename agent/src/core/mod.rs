@@ -130,6 +130,9 @@ impl Core {
                 cmd,
                 result,
             } => self.command_done(&worker, &cmd, result),
+            Event::CommandPending { worker, cmd, note } => {
+                self.command_pending(&worker, &cmd, &note)
+            }
             Event::JsDone {
                 worker,
                 run,

@@ -329,6 +329,19 @@ impl Core {
         }
     }
 
+    /// The machine of a running command went away: the worker hears so
+    /// (the command itself goes on, or ends as lost at its deadline).
+    pub(super) fn command_pending(&mut self, id: &str, cmd: &str, note: &str) {
+        let Some(w) = self.records.worker(id).filter(|w| !w.status.is_closed()) else {
+            return;
+        };
+        let Some(c) = w.commands.get(cmd).filter(|c| !c.done) else {
+            return;
+        };
+        let line = markup::command_pending(cmd, c, note);
+        self.worker_input(id, line);
+    }
+
     pub(super) fn report(&mut self, world: &mut dyn World, id: &str, status: &str, text: &str) {
         let Some(w) = self.records.worker_mut(id) else {
             return;

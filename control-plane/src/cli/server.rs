@@ -31,6 +31,11 @@ pub struct ServerArgs {
     /// Lifetime of machine certificates (renewed automatically).
     #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     pub cert_ttl: Duration,
+    /// How long a machine may stay offline after a command of its should
+    /// have ended before the command is given up as lost (a laptop asleep
+    /// overnight keeps its work and delivers it when it wakes).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub offline_allowance: Duration,
     #[command(flatten)]
     pub models: ModelArgs,
 }
@@ -79,6 +84,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
         listen_webhook: a.listen_webhook,
         public_addr: a.public_addr,
         cert_ttl: a.cert_ttl,
+        offline_allowance: a.offline_allowance,
         models: byom_server::ModelOptions {
             model: m.model,
             router_model: m.router_model,

@@ -52,8 +52,6 @@ const INBOX_PASSES: usize = 1000;
 const OUTPUT_READ: usize = 64 * 1024;
 /// How often retries and the watchdog run.
 const TICK: Duration = Duration::from_secs(1);
-/// A command whose machine has been offline this long is declared lost.
-pub const LOST_AFTER: Duration = Duration::from_secs(30 * 60);
 /// Agent records and messages read at once on a reload.
 const MAX_RECORDS: usize = 10_000_000;
 
@@ -81,6 +79,9 @@ struct Driver {
     h: Arc<Handles>,
     cfg: Arc<AgentConfig>,
     core: Core,
+    /// Commands whose workers were told their machine is offline (told
+    /// again only after it came back and went away again).
+    told_offline: std::collections::HashSet<String>,
     tx: mpsc::Sender<Event>,
     models: Arc<Semaphore>,
     js: Arc<Semaphore>,
@@ -92,6 +93,7 @@ pub async fn run(h: Handles, cfg: AgentConfig) {
     let h = Arc::new(h);
     let mut d = Driver {
         core: Core::new(cfg.budgets.clone()),
+        told_offline: Default::default(),
         h: h.clone(),
         cfg: Arc::new(cfg),
         tx,
@@ -463,10 +465,11 @@ impl Driver {
         });
     }
 
-    /// Commands dispatched to a machine that has been gone too long are
-    /// declared lost, so their workers hear about it.
-    async fn watchdog(&self) {
-        let ids: Vec<String> = self
+    /// Tells a worker when the machine of one of its running commands goes
+    /// away: the command stays pending (a sleeping laptop keeps its work)
+    /// until the machine is back or the offline allowance passes.
+    async fn watchdog(&mut self) {
+        let cmds: Vec<(String, String)> = self
             .core
             .workers()
             .values()
@@ -475,10 +478,41 @@ impl Driver {
                 w.commands
                     .iter()
                     .filter(|(_, c)| !c.done)
-                    .map(|(k, _)| k.clone())
+                    .map(|(k, _)| (w.id.clone(), k.clone()))
             })
             .collect();
-        self.h.commands.lose_offline(&ids, LOST_AFTER).await;
+        let live: std::collections::HashSet<&String> = cmds.iter().map(|(_, c)| c).collect();
+        self.told_offline.retain(|c| live.contains(c));
+        for (worker, cmd) in cmds {
+            let Ok(Some(c)) = self.h.store.get_command(&cmd) else {
+                continue;
+            };
+            let held = matches!(
+                c.state(),
+                CommandState::Dispatched
+                    | CommandState::Running
+                    | CommandState::AwaitingLocalApproval
+            );
+            if !held || self.h.live.get(&c.machine_id).is_some() {
+                self.told_offline.remove(&cmd);
+                continue;
+            }
+            if !self.told_offline.insert(cmd.clone()) {
+                continue;
+            }
+            let m = self.h.store.get_machine(&c.machine_id).ok().flatten();
+            let (name, seen) = m.map(|m| (m.name, m.last_seen_ms)).unwrap_or_default();
+            let deadline = self.h.commands.offline_deadline(&c, seen);
+            let note = format!(
+                "machine {name} is offline (last seen {}); the command stays pending and its result comes when the machine is back, unless it is still away at {} (then it is lost). Wait, shell_stop it, or run it on another machine.",
+                byom_protocol::time::rfc3339(seen),
+                byom_protocol::time::rfc3339(deadline)
+            );
+            let _ = self
+                .tx
+                .send(Event::CommandPending { worker, cmd, note })
+                .await;
+        }
     }
 }
 

@@ -12,7 +12,10 @@ use crate::live::LiveMachine;
 
 impl Commands {
     /// After a daemon's Hello: marks lost what a restarted daemon can no
-    /// longer have; returns what to re-attach to and what to send again.
+    /// longer have; returns what to re-attach to and what to send again,
+    /// including commands the daemon still has that ended here meanwhile
+    /// (cancelled or lost while it was away), so it is told to stop them
+    /// or can hand in their results and forget them.
     pub async fn reconcile(
         &self,
         live: &LiveMachine,
@@ -50,6 +53,14 @@ impl Commands {
         }
         if changed {
             let _ = self.flush().await;
+        }
+        for id in queue::strays(&pending, hello) {
+            match self.store().get_command(&id) {
+                Ok(Some(c)) if c.state().is_terminal() && c.machine_id == live.machine_id => {
+                    out.push((c, Action::Attach))
+                }
+                _ => {}
+            }
         }
         out
     }

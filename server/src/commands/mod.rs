@@ -87,6 +87,20 @@ fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
+/// What a daemon is sent to run a command.
+pub fn exec_request(c: &pb::Command) -> pb::ExecRequest {
+    pb::ExecRequest {
+        command_id: c.id.clone(),
+        argv: c.argv.clone(),
+        shell: c.shell.clone(),
+        cwd: c.cwd.clone(),
+        env: c.env.clone(),
+        stdin: c.stdin.clone(),
+        timeout_ms: c.timeout_ms,
+        requested_by: c.requested_by.clone(),
+    }
+}
+
 #[derive(Clone)]
 pub struct Commands {
     inner: Arc<Inner>,
@@ -95,16 +109,20 @@ pub struct Commands {
 struct Inner {
     store: Store,
     live: Arc<LiveMachines>,
+    /// How long a machine may stay away after a command of its should have
+    /// ended before the command is given up as lost.
+    offline_allowance: Duration,
     /// Command → a counter bumped on every change, for watchers.
     watchers: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
 impl Commands {
-    pub fn new(store: Store, live: Arc<LiveMachines>) -> Commands {
+    pub fn new(store: Store, live: Arc<LiveMachines>, offline_allowance: Duration) -> Commands {
         Commands {
             inner: Arc::new(Inner {
                 store,
                 live,
+                offline_allowance,
                 watchers: Mutex::new(HashMap::new()),
             }),
         }
@@ -218,6 +236,20 @@ impl Commands {
         {
             return invalid("bad environment variable name".into());
         }
+        let env_bytes: usize = n.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+        if env_bytes > limits::MAX_ENV_BYTES {
+            return invalid(format!(
+                "environment too large: {env_bytes} bytes, limit {}",
+                limits::MAX_ENV_BYTES
+            ));
+        }
+        if n.cwd.len() > limits::MAX_CWD_BYTES {
+            return invalid(format!(
+                "working directory too long: {} bytes, limit {}",
+                n.cwd.len(),
+                limits::MAX_CWD_BYTES
+            ));
+        }
         if n.timeout_ms > ms(limits::MAX_COMMAND_TIMEOUT) {
             return invalid("timeout too long: at most 7 days".into());
         }
@@ -256,6 +288,18 @@ impl Commands {
             requested_by: n.requested_by,
             ..Default::default()
         };
+        // What the API accepts must reach the machine: the frame that will
+        // carry it is checked now, not when it fails to be sent.
+        let frame = pb::ToDaemon {
+            msg: Some(pb::to_daemon::Msg::Exec(exec_request(&c))),
+        };
+        let size = prost::Message::encoded_len(&frame);
+        if size > limits::MAX_FRAME_BYTES {
+            return invalid(format!(
+                "the command is too large to send to a machine: {size} bytes with its arguments, environment, stdin and working directory; at most {}",
+                limits::MAX_FRAME_BYTES
+            ));
+        }
         let extra = claim.map(|p| p.ops(&c.id, "")).unwrap_or_default();
         self.store().create_command(&c, &extra)?;
         // Acknowledged only once durable.
@@ -304,8 +348,10 @@ impl Commands {
 
     // ── ending ──
 
-    /// Cancels a command: a queued one at once, one on a machine by asking
-    /// its daemon (the end arrives as the daemon reports it).
+    /// Cancels a command. One that has not started running (queued, sent,
+    /// or waiting for its owner's approval) ends now; the daemon, if it has
+    /// it, is told to drop it (also when it reconnects later). A running
+    /// one ends when its daemon reports it killed.
     pub async fn cancel(&self, id: &str, reason: &str) -> Result<pb::Command, CommandError> {
         let store = self.store();
         let c = store.get_command(id)?.ok_or_else(|| {
@@ -319,27 +365,29 @@ impl Commands {
             )));
         }
         let now = byom_wire::now_ms();
-        let c =
-            match store.transition(id, &[CommandState::Queued], CommandState::Cancelled, |c| {
-                c.reason = reason.to_string();
-                c.finished_at_ms = now;
-            })? {
-                Some(c) => c,
-                None => {
-                    let c = store.update_command(id, |c| {
-                        if !c.state().is_terminal() {
-                            c.cancel_requested = true;
-                        }
-                        Ok(())
-                    })?;
-                    if !c.state().is_terminal() {
-                        if let Some(live) = self.inner.live.get(&c.machine_id) {
-                            live.cancel(&c.id, reason);
-                        }
-                    }
-                    c
+        let not_started = [
+            CommandState::Queued,
+            CommandState::Dispatched,
+            CommandState::AwaitingLocalApproval,
+        ];
+        let c = match store.transition(id, &not_started, CommandState::Cancelled, |c| {
+            c.reason = reason.to_string();
+            c.cancel_requested = true;
+            c.finished_at_ms = now;
+        })? {
+            Some(c) => c,
+            None => store.update_command(id, |c| {
+                if !c.state().is_terminal() {
+                    c.cancel_requested = true;
                 }
-            };
+                Ok(())
+            })?,
+        };
+        if c.cancel_requested {
+            if let Some(live) = self.inner.live.get(&c.machine_id) {
+                live.cancel(&c.id, reason);
+            }
+        }
         self.flush().await?;
         self.notify(&c.id);
         Ok(c)
@@ -365,7 +413,8 @@ impl Commands {
     }
 
     /// Fails queued commands whose queue TTL passed without their machine
-    /// taking them.
+    /// taking them, and loses those of machines gone past the offline
+    /// allowance.
     pub async fn sweep_expired(&self) {
         let pending = match self.store().all_pending() {
             Ok(p) => p,
@@ -375,7 +424,7 @@ impl Commands {
             }
         };
         let now = byom_wire::now_ms();
-        let mut changed = false;
+        let mut changed = self.lose_offline(&pending, now).await;
         for c in pending.iter().filter(|c| queue::expired(c, now)) {
             let r = self.store().transition(
                 &c.id,
@@ -404,42 +453,48 @@ impl Commands {
         }
     }
 
-    /// Of `ids`, declares `lost` those dispatched to a machine that has
-    /// been gone longer than `lost_after`.
-    pub async fn lose_offline(&self, ids: &[String], lost_after: Duration) {
-        let now = byom_wire::now_ms();
-        for id in ids {
-            let Ok(Some(c)) = self.store().get_command(id) else {
-                continue;
-            };
+    /// Declares `lost` the commands of machines that stayed away past the
+    /// offline allowance (see [`queue::offline_deadline`]); a machine that
+    /// comes back before then gets them re-attached.
+    async fn lose_offline(&self, pending: &[pb::Command], now: u64) -> bool {
+        let allowance = ms(self.inner.offline_allowance);
+        let mut seen: HashMap<String, u64> = HashMap::new();
+        let mut changed = false;
+        for c in pending {
             let online = self.inner.live.get(&c.machine_id).is_some();
-            let seen = self
-                .store()
-                .get_machine(&c.machine_id)
-                .ok()
-                .flatten()
-                .map(|m| m.last_seen_ms)
-                .unwrap_or(0);
-            if !queue::lost_offline(&c, online, seen, now, ms(lost_after)) {
+            if online || !ACTIVE.contains(&c.state()) {
                 continue;
             }
-            let r = self.store().transition(
-                id,
-                &[CommandState::Dispatched, CommandState::Running],
-                CommandState::Lost,
-                |c| {
-                    c.reason = format!(
-                        "its machine has been offline for over {} minutes",
-                        lost_after.as_secs() / 60
-                    );
-                    c.finished_at_ms = now;
-                },
-            );
+            let last_seen = *seen.entry(c.machine_id.clone()).or_insert_with(|| {
+                self.store()
+                    .get_machine(&c.machine_id)
+                    .ok()
+                    .flatten()
+                    .map(|m| m.last_seen_ms)
+                    .unwrap_or(0)
+            });
+            if !queue::lost_offline(c, online, last_seen, now, allowance) {
+                continue;
+            }
+            let r = self.store().transition(&c.id, ACTIVE, CommandState::Lost, |c| {
+                c.reason = format!(
+                    "its machine stayed offline past the offline allowance ({}) after it was last seen",
+                    humantime::format_duration(self.inner.offline_allowance)
+                );
+                c.finished_at_ms = now;
+            });
             if let Ok(Some(_)) = r {
-                let _ = self.flush().await;
-                self.notify(id);
+                changed = true;
+                self.notify(&c.id);
             }
         }
+        changed
+    }
+
+    /// When a command on an offline machine will be given up, for telling
+    /// whoever waits on it.
+    pub fn offline_deadline(&self, c: &pb::Command, last_seen_ms: u64) -> u64 {
+        queue::offline_deadline(c, last_seen_ms, ms(self.inner.offline_allowance))
     }
 
     /// A revoked machine runs nothing again: its queued commands are

@@ -9,7 +9,9 @@
 //!   is `lost`, never run again.
 //! - [`pick`]: which machine a label selector means (one picker for people
 //!   and agents).
-//! - [`expired`], [`lost_offline`]: when a waiting command gives up.
+//! - [`expired`], [`lost_offline`]: when a waiting command gives up (a
+//!   queued one at its queue TTL; one a machine had, only when that machine
+//!   stays away past the offline allowance).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -57,6 +59,19 @@ pub fn plan(pending: &[pb::Command], hello: &pb::Hello) -> Vec<(String, Action)>
             };
             (c.id.clone(), action)
         })
+        .collect()
+}
+
+/// Commands the daemon says it runs or holds that are not unfinished here:
+/// they ended on the server while the daemon was away (cancelled, lost).
+pub fn strays(pending: &[pb::Command], hello: &pb::Hello) -> Vec<String> {
+    let ours: HashSet<&str> = pending.iter().map(|c| c.id.as_str()).collect();
+    hello
+        .running
+        .iter()
+        .chain(hello.held.iter())
+        .filter(|id| !ours.contains(id.as_str()))
+        .cloned()
         .collect()
 }
 
@@ -128,18 +143,35 @@ pub fn expired(c: &pb::Command, now_ms: u64) -> bool {
     c.state() == CommandState::Queued && c.queue_deadline_ms != 0 && now_ms >= c.queue_deadline_ms
 }
 
-/// A dispatched or running command whose machine has been gone longer
-/// than `lost_after_ms`: its result is not coming back.
+/// When a command on a machine that is offline is given up as `lost`: the
+/// offline allowance after the later of the machine's last sign of life
+/// and the command's own deadline (dispatch + timeout). A sleeping laptop
+/// keeps its commands until then; when it wakes, they are re-attached.
+pub fn offline_deadline(c: &pb::Command, last_seen_ms: u64, allowance_ms: u64) -> u64 {
+    let own = if c.timeout_ms == 0 {
+        0
+    } else {
+        c.dispatched_at_ms
+            .max(c.created_at_ms)
+            .saturating_add(c.timeout_ms)
+    };
+    own.max(last_seen_ms).saturating_add(allowance_ms)
+}
+
+/// A command the daemon has (dispatched, running, or waiting for its
+/// owner's approval) on a machine offline past [`offline_deadline`].
 pub fn lost_offline(
     c: &pb::Command,
     machine_online: bool,
     last_seen_ms: u64,
     now_ms: u64,
-    lost_after_ms: u64,
+    allowance_ms: u64,
 ) -> bool {
-    matches!(c.state(), CommandState::Dispatched | CommandState::Running)
-        && !machine_online
-        && now_ms.saturating_sub(last_seen_ms) >= lost_after_ms
+    matches!(
+        c.state(),
+        CommandState::Dispatched | CommandState::Running | CommandState::AwaitingLocalApproval
+    ) && !machine_online
+        && now_ms >= offline_deadline(c, last_seen_ms, allowance_ms)
 }
 
 #[cfg(test)]
@@ -192,6 +224,14 @@ mod tests {
         let blank = vec![cmd("cmd_x", CommandState::Dispatched, "")];
         let hello = pb::Hello::default();
         assert_eq!(plan(&blank, &hello), vec![("cmd_x".into(), Action::Lost)]);
+        // What the daemon has that ended here while it was away.
+        let hello = pb::Hello {
+            instance_id: "a".into(),
+            running: vec!["cmd_run".into(), "cmd_gone".into()],
+            held: vec!["cmd_old_result".into()],
+            ..Default::default()
+        };
+        assert_eq!(strays(&pending, &hello), ["cmd_gone", "cmd_old_result"]);
     }
 
     fn machine(name: &str, labels: &[(&str, &str)]) -> pb::Machine {
@@ -267,20 +307,29 @@ mod tests {
     }
 
     #[test]
-    fn only_commands_of_machines_gone_long_enough_are_lost() {
-        let running = cmd("cmd_r", CommandState::Running, "a");
-        assert!(!lost_offline(&running, true, 0, 10_000, 100), "online");
+    fn only_commands_of_machines_gone_past_the_allowance_are_lost() {
+        let mut running = cmd("cmd_r", CommandState::Running, "a");
+        running.dispatched_at_ms = 1_000;
         assert!(
-            !lost_offline(&running, false, 9_950, 10_000, 100),
-            "not long enough"
+            !lost_offline(&running, true, 0, u64::MAX, 100),
+            "online: never"
         );
+        // No timeout: the allowance counts from the machine's last sign of life.
+        assert!(!lost_offline(&running, false, 9_950, 10_000, 100));
         assert!(lost_offline(&running, false, 9_900, 10_000, 100));
+        // With a timeout: not before the command itself would have ended.
+        running.timeout_ms = 50_000;
+        assert_eq!(offline_deadline(&running, 9_900, 100), 51_100);
+        assert!(!lost_offline(&running, false, 9_900, 51_099, 100));
+        assert!(lost_offline(&running, false, 9_900, 51_100, 100));
         let queued = cmd("cmd_q", CommandState::Queued, "");
         assert!(
-            !lost_offline(&queued, false, 0, 10_000, 100),
-            "queued commands wait"
+            !lost_offline(&queued, false, 0, u64::MAX, 100),
+            "queued commands wait for their TTL"
         );
         let approval = cmd("cmd_a", CommandState::AwaitingLocalApproval, "a");
-        assert!(!lost_offline(&approval, false, 0, 10_000, 100));
+        assert!(lost_offline(&approval, false, 0, 10_000, 100));
+        let done = cmd("cmd_d", CommandState::Exited, "a");
+        assert!(!lost_offline(&done, false, 0, u64::MAX, 100));
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use byom_protocol::limits;
 use byom_protocol::pb::{self, to_daemon, to_server, CommandState, ToDaemon, ToServer};
-use byom_wire::{read_frame, write_frame};
+use byom_wire::{read_frame, write_frame, WireError};
 use tokio::sync::mpsc;
 
 use super::Gateway;
@@ -62,16 +62,7 @@ async fn drive(
 ) -> anyhow::Result<()> {
     let (mut send, mut recv) = live.conn.open_bi().await?;
     let first = match mode {
-        Mode::Exec => to_daemon::Msg::Exec(pb::ExecRequest {
-            command_id: cmd.id.clone(),
-            argv: cmd.argv.clone(),
-            shell: cmd.shell.clone(),
-            cwd: cmd.cwd.clone(),
-            env: cmd.env.clone(),
-            stdin: cmd.stdin.clone(),
-            timeout_ms: cmd.timeout_ms,
-            requested_by: cmd.requested_by.clone(),
-        }),
+        Mode::Exec => to_daemon::Msg::Exec(crate::commands::exec_request(&cmd)),
         Mode::Attach => to_daemon::Msg::Attach(pb::AttachRequest {
             command_id: cmd.id.clone(),
             stdout_offset: gw
@@ -82,7 +73,17 @@ async fn drive(
                 .output_len(&cmd.id, pb::OutputStream::Stderr as i32)?,
         }),
     };
-    write_frame(&mut send, &ToDaemon { msg: Some(first) }).await?;
+    match write_frame(&mut send, &ToDaemon { msg: Some(first) }).await {
+        Ok(()) => {}
+        // Never sendable: say so rather than leave it `dispatched`.
+        Err(WireError::Frame(e)) => {
+            gw.commands
+                .refused(&cmd.id, "undeliverable", &e.to_string())
+                .await?;
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    }
     if cmd.cancel_requested {
         let cancel = ToDaemon {
             msg: Some(to_daemon::Msg::Cancel(pb::Cancel {
