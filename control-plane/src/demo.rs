@@ -514,7 +514,7 @@ impl Timeline {
             } else {
                 m["user"].as_str().unwrap_or("?")
             };
-            let text = m["text"].as_str().unwrap_or("");
+            let text = crate::cli::safe(m["text"].as_str().unwrap_or(""));
             println!(
                 "   [{:>6.2}s] {who:>4} › {}",
                 self.start.elapsed().as_secs_f64(),

@@ -28,6 +28,9 @@ pub async fn revoke(
         m.offline_reason = reason.to_string();
         Ok(())
     })?;
+    // The name is free for the machine's successor (the record keeps it,
+    // and its ID, for the audit trail).
+    store.release_machine_name(&m.name, &m.id)?;
     store.flush_async().await?;
     identity.revoked.insert(machine_id);
     if let Some(l) = live.remove(machine_id) {

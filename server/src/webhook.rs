@@ -30,6 +30,17 @@ pub const SIGNATURE_HEADER: &str = "x-byom-signature";
 /// first delivery's trigger, not stored again. (GitHub's header works too.)
 pub const DELIVERY_HEADERS: [&str; 2] = ["x-byom-delivery", "x-github-delivery"];
 
+/// Longest webhook source name.
+pub const MAX_SOURCE_LEN: usize = 64;
+
+/// Source names become part of thread names and of what people read.
+fn valid_source(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_SOURCE_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+}
+
 fn verify(key: &[u8], body: &[u8], header: Option<&str>) -> bool {
     let Some(hexsig) = header.and_then(|h| h.trim().strip_prefix("sha256=")) else {
         return false;
@@ -108,6 +119,12 @@ async fn handle(
     else {
         return reply(404, json!({"error": "use POST /hooks/SOURCE"}));
     };
+    if !valid_source(&source) {
+        return reply(
+            400,
+            json!({"error": format!("bad source name: 1 to {MAX_SOURCE_LEN} lower-case letters, digits, '-', '_' or '.'")}),
+        );
+    }
     let sig = req
         .headers()
         .get(SIGNATURE_HEADER)
@@ -208,6 +225,14 @@ mod tests {
             body,
             Some(&format!("sha256={}", "é".repeat(32)))
         ));
+    }
+
+    #[test]
+    fn source_names() {
+        assert!(valid_source("ci") && valid_source("github-app.v2"));
+        for bad in ["", "CI", "a b", "x\u{1b}[2J", &"s".repeat(65), "..%2f"] {
+            assert!(!valid_source(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -87,6 +87,26 @@ impl Store {
         Ok(m)
     }
 
+    /// Forgets a machine: its record, and its name if it still holds it.
+    pub fn delete_machine(&self, id: &str) -> Result<Option<pb::Machine>> {
+        let Some(m) = self.get_machine(id)? else {
+            return Ok(None);
+        };
+        self.release_machine_name(&m.name, id)?;
+        self.kv.delete(Space::Machines, id.as_bytes())?;
+        Ok(Some(m))
+    }
+
+    /// A revoked machine that was called `name` (it no longer holds the
+    /// name), newest first: to say what happened to it.
+    pub fn revoked_named(&self, name: &str) -> Result<Option<pb::Machine>> {
+        Ok(self
+            .list_machines()?
+            .into_iter()
+            .rev()
+            .find(|m| m.revoked && m.name == name))
+    }
+
     /// Releases a name held by `id` (after a rename).
     pub fn release_machine_name(&self, name: &str, id: &str) -> Result<()> {
         self.kv.compare_and_swap(

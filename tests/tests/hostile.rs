@@ -106,6 +106,34 @@ async fn malformed_and_oversized_frames_do_not_hurt_the_server() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "still fine\n");
 }
 
+/// Garbage where the first frame belongs closes the connection with the
+/// protocol-error code and a reason, not a silent normal close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_first_frames_close_with_the_protocol_error_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let cfg = byom_daemon::tls::pairing_config(ca_pin(&server)).unwrap();
+    let conn = ep
+        .connect_with(cfg, server.quic_addr, byom_protocol::SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    let mut garbage = 16u32.to_be_bytes().to_vec();
+    garbage.extend_from_slice(&[0xff; 16]);
+    send.write_all(&garbage).await.unwrap();
+    let _ = send.finish();
+    let why = tokio::time::timeout(T, conn.closed()).await.unwrap();
+    match why {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code, byom_protocol::close::PROTOCOL.into(), "{c:?}");
+            assert!(!c.reason.is_empty(), "a reason is given");
+        }
+        other => panic!("expected an application close, got {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_refuses_clients_without_an_admin_certificate() {
     let dir = tempfile::tempdir().unwrap();

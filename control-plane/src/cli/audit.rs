@@ -6,7 +6,7 @@ use byom_protocol::pb;
 use clap::Subcommand;
 use serde_json::{json, Value};
 
-use super::output::{ago, command_line, or_dash, outcome, print_json, table, time};
+use super::output::{ago, command_line, or_dash, outcome, print_json, safe_line, table, time};
 
 #[derive(Subcommand, Debug)]
 pub enum AuditCmd {
@@ -91,8 +91,8 @@ pub async fn run(c: &mut Client, cmd: AuditCmd) -> anyhow::Result<i32> {
                         x.state().name().to_string()
                     },
                     format!("{}/{}", x.stdout_bytes, x.stderr_bytes),
-                    or_dash(&x.cwd),
-                    command_line(x),
+                    safe_line(&or_dash(&x.cwd)),
+                    safe_line(&command_line(x)),
                 ]
             })
             .collect(),

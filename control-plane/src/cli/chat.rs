@@ -47,7 +47,10 @@ pub async fn run(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
         let mut early: std::collections::VecDeque<pb::Trigger> = Default::default();
         let mut thread = String::new();
         let mut print = |t: &pb::Trigger| {
-            println!("byom: {}", t.text.replace('\n', "\n      "));
+            println!(
+                "byom: {}",
+                super::output::safe(&t.text).replace('\n', "\n      ")
+            );
             let _ = std::io::stdout().flush();
             seen += 1;
             max != 0 && seen >= max

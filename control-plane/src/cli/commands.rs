@@ -9,7 +9,9 @@ use byom_protocol::pb::{self, CommandState};
 use clap::Subcommand;
 use serde_json::Value;
 
-use super::output::{ago, command_json, command_line, human, or_dash, outcome, print_json, table};
+use super::output::{
+    ago, command_json, command_line, human, or_dash, outcome, print_json, safe_line, table,
+};
 
 /// How long `commands show` waits for more output of a running command.
 const SHOW_IDLE: Duration = Duration::from_millis(500);
@@ -69,7 +71,7 @@ pub async fn run(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
                     r.commands
                         .iter()
                         .map(|x| {
-                            let mut line = command_line(x);
+                            let mut line = safe_line(&command_line(x));
                             if line.chars().count() > 60 {
                                 line = line.chars().take(57).collect::<String>() + "...";
                             }
@@ -107,14 +109,19 @@ pub async fn run(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
                 v["stderr"] = Value::String(String::from_utf8_lossy(&err).into_owned());
                 print_json(&v);
             } else {
-                println!("{} on {}: {}", cmd.id, cmd.machine_id, command_line(&cmd));
+                println!(
+                    "{} on {}: {}",
+                    cmd.id,
+                    cmd.machine_id,
+                    safe_line(&command_line(&cmd))
+                );
                 println!(
                     "  state:    {}{}",
                     cmd.state().name(),
                     if cmd.reason.is_empty() {
                         String::new()
                     } else {
-                        format!(" ({})", cmd.reason)
+                        format!(" ({})", safe_line(&cmd.reason))
                     }
                 );
                 if cmd.state().is_terminal() {

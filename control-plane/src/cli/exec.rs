@@ -23,8 +23,8 @@ pub struct ExecArgs {
     /// Run on the least busy online machine with this label (k=v, repeatable).
     #[arg(long = "label", value_parser = parse_kv, conflicts_with = "machine")]
     pub labels: Vec<(String, String)>,
-    /// Kill the command after this long (e.g. 30s, 5m).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Kill the command after this long (e.g. 30s, 5m; at most 7d).
+    #[arg(long, value_parser = super::parse_timeout)]
     pub timeout: Option<Duration>,
     /// Working directory on the machine.
     #[arg(long)]
@@ -41,8 +41,8 @@ pub struct ExecArgs {
     /// Queue the command and print its ID instead of waiting.
     #[arg(long)]
     pub detach: bool,
-    /// How long the command may wait for an offline machine.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// How long the command may wait for an offline machine (at most 7d).
+    #[arg(long, value_parser = super::parse_queue_ttl)]
     pub queue_ttl: Option<Duration>,
     /// Print the final command record as JSON instead of streaming.
     #[arg(long)]

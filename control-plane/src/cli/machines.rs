@@ -7,7 +7,7 @@ use byom_protocol::pb;
 use clap::Subcommand;
 use serde_json::Value;
 
-use super::output::{ago, labels, machine_json, or_dash, print_json, table};
+use super::output::{ago, labels, machine_json, or_dash, print_json, safe_line, table};
 use super::parse_kv;
 
 #[derive(Subcommand, Debug)]
@@ -39,6 +39,8 @@ pub enum MachinesCmd {
     /// Revoke a machine: closes its connection, kills its commands, refuses
     /// its certificate from now on.
     Revoke { machine: String },
+    /// Forget a revoked machine (its commands stay in the audit trail).
+    Rm { machine: String },
 }
 
 /// Machine ID → name, revoked machines included, for tables.
@@ -102,8 +104,8 @@ pub async fn run(c: &mut Client, cmd: MachinesCmd) -> anyhow::Result<i32> {
                                 } else {
                                     ago(m.last_seen_ms)
                                 },
-                                or_dash(&m.version),
-                                format!("{}/{}", m.os, m.arch),
+                                safe_line(&or_dash(&m.version)),
+                                safe_line(&format!("{}/{}", m.os, m.arch)),
                                 m.queued_commands.to_string(),
                             ]
                         })
@@ -153,7 +155,16 @@ pub async fn run(c: &mut Client, cmd: MachinesCmd) -> anyhow::Result<i32> {
                 .into_inner()
                 .machine
                 .unwrap_or_default();
-            println!("revoked {} ({}): its certificate is refused from now on; pair it again with a new token to use it", m.name, m.id);
+            println!("revoked {} ({}): its certificate is refused from now on, and its name is free; pair it again with a new token to use it", m.name, m.id);
+        }
+        MachinesCmd::Rm { machine } => {
+            let m = c
+                .remove_machine(pb::MachineRef { machine })
+                .await?
+                .into_inner()
+                .machine
+                .unwrap_or_default();
+            println!("forgot {} ({})", m.name, m.id);
         }
     }
     Ok(0)
@@ -180,14 +191,18 @@ pub fn print_machine(m: &pb::Machine, json: bool) {
             m.remote_addr
         )
     } else if m.revoked {
-        format!("revoked {} ({})", ago(m.revoked_at_ms), m.offline_reason)
+        format!(
+            "revoked {} ({})",
+            ago(m.revoked_at_ms),
+            safe_line(&m.offline_reason)
+        )
     } else if m.offline_reason.is_empty() {
         format!("offline, last seen {}", ago(m.last_seen_ms))
     } else {
         format!(
             "offline, last seen {}: {}",
             ago(m.last_seen_ms),
-            m.offline_reason
+            safe_line(&m.offline_reason)
         )
     };
     println!("{} ({})", m.name, m.id);
@@ -195,11 +210,11 @@ pub fn print_machine(m: &pb::Machine, json: bool) {
     println!("  labels:       {}", labels(&m.labels));
     println!(
         "  host:         {} ({}/{})",
-        or_dash(&m.hostname),
-        m.os,
-        m.arch
+        safe_line(&or_dash(&m.hostname)),
+        safe_line(&m.os),
+        safe_line(&m.arch)
     );
-    println!("  version:      {}", or_dash(&m.version));
+    println!("  version:      {}", safe_line(&or_dash(&m.version)));
     println!(
         "  commands:     {} queued, {} running",
         m.queued_commands, m.running_commands
@@ -214,7 +229,7 @@ pub fn print_machine(m: &pb::Machine, json: bool) {
     if !m.policy_digest.is_empty() {
         println!(
             "  local policy: {} (sha256 {})",
-            or_dash(&m.policy_summary),
+            safe_line(&or_dash(&m.policy_summary)),
             &m.policy_digest[..m.policy_digest.len().min(12)]
         );
     }

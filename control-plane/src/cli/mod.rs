@@ -110,6 +110,31 @@ pub enum Cmd {
     Chat(chat::ChatArgs),
 }
 
+/// A duration that must mean something: at least 1 ms (0 would silently
+/// mean "none" or "the default") and at most `max`, the same everywhere.
+fn bounded(s: &str, max: std::time::Duration) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (say e.g. 30s, 5m, 2h)"))?;
+    if d < std::time::Duration::from_millis(1) {
+        return Err("must be at least 1ms".into());
+    }
+    if d > max {
+        return Err(format!("at most {}", humantime::format_duration(max)));
+    }
+    Ok(d)
+}
+
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    bounded(s, byom_protocol::limits::MAX_COMMAND_TIMEOUT)
+}
+
+fn parse_queue_ttl(s: &str) -> Result<std::time::Duration, String> {
+    bounded(s, byom_protocol::limits::MAX_QUEUE_TTL)
+}
+
+fn parse_token_ttl(s: &str) -> Result<std::time::Duration, String> {
+    bounded(s, byom_protocol::limits::MAX_TOKEN_TTL)
+}
+
 /// `KEY=VALUE` (the value may be empty or contain `=`).
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
@@ -219,3 +244,4 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 pub use agent::agent;
+pub use output::safe;

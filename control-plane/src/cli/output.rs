@@ -96,13 +96,37 @@ pub fn table(headers: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
+/// Text from outside (channels, webhooks, daemons) made safe for a
+/// terminal: control characters (escape sequences, `\r`, backspace) and
+/// bidirectional overrides are shown as escapes, so a message can neither
+/// repaint the screen nor forge a line. Newlines and tabs stay.
+pub fn safe(t: &str) -> String {
+    let mut out = String::with_capacity(t.len());
+    for c in t.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' => {
+                out.push_str(&format!("\\u{{{:04x}}}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// [`safe`] on one line: newlines and tabs escaped too.
+pub fn safe_line(t: &str) -> String {
+    safe(t).replace('\n', "\\n").replace('\t', "\\t")
+}
+
 pub fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
-/// Text on one line, cut to `max` characters.
+/// Text on one line, cut to `max` characters, made safe for a terminal.
 pub fn one_line(t: &str, max: usize) -> String {
-    let t: String = t.split_whitespace().collect::<Vec<_>>().join(" ");
+    let t: String = safe(t).split_whitespace().collect::<Vec<_>>().join(" ");
     if t.chars().count() > max {
         format!("{}…", t.chars().take(max).collect::<String>())
     } else {
@@ -161,11 +185,11 @@ pub fn trigger_line(t: &pb::Trigger) -> String {
         "{}  {}  {}/{}  {}{}: {}  [{}]",
         t.id,
         ago(t.created_at_ms),
-        t.source,
+        safe_line(&t.source),
         t.thread_id,
-        t.user,
+        safe_line(&t.user),
         if t.mention { " (@)" } else { "" },
-        text,
+        safe_line(&text),
         t.decision().name()
     )
 }
@@ -224,6 +248,23 @@ mod tests {
         assert!(ago_at(&time(byom_wire::now_ms() - 5000)).ends_with("s ago"));
         assert_eq!(human(90_000), "90s");
         assert_eq!(human(3 * 86_400_000), "3d");
+    }
+
+    #[test]
+    fn outside_text_cannot_drive_the_terminal() {
+        let evil = "ok\x1b[2J\x1b]0;pwned\x07\rbyom › approved\u{202e}gnp.exe";
+        let s = safe(evil);
+        assert!(
+            !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t'),
+            "{s:?}"
+        );
+        assert!(
+            s.contains("\\x1b[2J") && s.contains("\\x0d") && s.contains("\\u{202e}"),
+            "{s}"
+        );
+        assert_eq!(safe("two\nlines\tand tab"), "two\nlines\tand tab");
+        assert_eq!(safe_line("two\nlines"), "two\\nlines");
+        assert!(!one_line("a\x1bb", 80).contains('\x1b'));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use byom_protocol::pb;
 use serde_json::{json, Value};
 
 use super::output::{
-    ago, labels, or_dash, print_json, time, token_json, trigger_json, trigger_line,
+    ago, labels, or_dash, print_json, safe_line, time, token_json, trigger_json, trigger_line,
 };
 
 pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
@@ -34,7 +34,7 @@ pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
             } else {
                 println!("{}", trigger_line(&t));
                 println!("  thread:   {}", t.thread_id);
-                println!("  decision: {}", t.reason);
+                println!("  decision: {}", safe_line(&t.reason));
             }
         }
         Some(Object::Thread(t)) => {
@@ -43,7 +43,12 @@ pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
                     &json!({"id": t.id, "source": t.source, "external": t.external, "created_at": time(t.created_at_ms), "last_trigger_at": time(t.last_trigger_ms)}),
                 );
             } else {
-                println!("{} on {} ({})", t.id, t.source, t.external);
+                println!(
+                    "{} on {} ({})",
+                    t.id,
+                    safe_line(&t.source),
+                    safe_line(&t.external)
+                );
                 println!("  created:      {}", ago(t.created_at_ms));
                 println!("  last trigger: {}", ago(t.last_trigger_ms));
                 println!("  see: byom events ls --thread {}", t.id);

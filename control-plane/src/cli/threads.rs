@@ -6,7 +6,7 @@ use clap::Subcommand;
 use serde_json::Value;
 
 use super::agent::{agent, s};
-use super::output::{ago_at, one_line, or_dash, print_json};
+use super::output::{ago_at, one_line, or_dash, print_json, safe, safe_line};
 
 #[derive(Subcommand, Debug)]
 pub enum ThreadsCmd {
@@ -44,7 +44,7 @@ pub async fn run(c: &mut Client, cmd: ThreadsCmd) -> anyhow::Result<i32> {
                 println!(
                     "{:<31} {:<8} {:<20} {:<12} {}",
                     s(&t, "id"),
-                    s(&t, "source"),
+                    safe_line(s(&t, "source")),
                     one_line(s(&t, "external"), 20),
                     ago_at(&t["last_trigger_at"]),
                     or_dash(&w.join(" "))
@@ -60,18 +60,18 @@ pub async fn run(c: &mut Client, cmd: ThreadsCmd) -> anyhow::Result<i32> {
             println!(
                 "{} on {} ({})",
                 s(&v, "id"),
-                s(&v, "source"),
-                s(&v, "external")
+                safe_line(s(&v, "source")),
+                safe_line(s(&v, "external"))
             );
             for m in v["messages"].as_array().cloned().unwrap_or_default() {
                 let who = if m["from_bot"].as_bool() == Some(true) && s(&m, "user") == "byom" {
                     "byom".to_string()
                 } else {
-                    s(&m, "user").to_string()
+                    safe_line(s(&m, "user"))
                 };
                 println!(
                     "  {who:>8}: {}",
-                    s(&m, "text").replace('\n', "\n            ")
+                    safe(s(&m, "text")).replace('\n', "\n            ")
                 );
             }
             for w in v["workers"].as_array().cloned().unwrap_or_default() {

@@ -14,7 +14,7 @@ use super::parse_kv;
 pub enum TokenCmd {
     /// Create a one-time pairing token.
     Create {
-        #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "15m", value_parser = super::parse_token_ttl)]
         ttl: Duration,
         /// Name for the machine that pairs with it.
         #[arg(long)]
@@ -49,6 +49,21 @@ pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
             replace,
             json,
         } => {
+            // A second machine by an existing name would be called name-2:
+            // say so, and how to re-pair the existing one instead.
+            if let (Some(n), None) = (&name, &replace) {
+                let existing = c
+                    .get_machine(pb::MachineRef { machine: n.clone() })
+                    .await
+                    .ok()
+                    .and_then(|r| r.into_inner().machine)
+                    .filter(|m| !m.revoked && &m.name == n);
+                if existing.is_some() {
+                    eprintln!(
+                        "byom: a machine named {n} is already paired; the machine that uses this token will get another name ({n}-2). To re-pair {n} itself (a reinstalled laptop), use `byom token create --replace {n}`."
+                    );
+                }
+            }
             let req = pb::CreateTokenRequest {
                 ttl_ms: ttl.as_millis() as u64,
                 name: name.unwrap_or_default(),

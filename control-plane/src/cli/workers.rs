@@ -65,7 +65,7 @@ fn print_worker(v: &Value) {
                 .unwrap_or_default()
         )
     );
-    println!("  machine:  {}", or_dash(s(sm, "machine")));
+    println!("  machine:  {}", one_line(&or_dash(s(sm, "machine")), 80));
     println!("  created:  {}", ago_at(&sm["created_at"]));
     let u = &sm["usage"];
     println!(

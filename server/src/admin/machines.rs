@@ -23,15 +23,19 @@ fn label_err(e: names::LabelError) -> Status {
 }
 
 impl Api {
-    /// A machine by ID or name, with its live facts.
+    /// A machine by ID or name, with its live facts. A revoked machine no
+    /// longer holds its name, but is still found by it.
     pub(super) fn machine(&self, id_or_name: &str) -> Result<pb::Machine, Status> {
-        let m = self
-            .store
-            .resolve_machine(id_or_name)
-            .map_err(store_err)?
-            .ok_or_else(|| {
-                Status::not_found(format!("no machine {id_or_name:?}: see `byom machines ls`"))
-            })?;
+        let m = match self.store.resolve_machine(id_or_name).map_err(store_err)? {
+            Some(m) => m,
+            None => self
+                .store
+                .revoked_named(id_or_name)
+                .map_err(store_err)?
+                .ok_or_else(|| {
+                    Status::not_found(format!("no machine {id_or_name:?}: see `byom machines ls`"))
+                })?,
+        };
         Ok(self.decorate(m))
     }
 
@@ -227,6 +231,23 @@ impl Api {
         Ok(pb::MachineResponse {
             machine: Some(self.decorate(m)),
         })
+    }
+
+    /// Forgets a revoked machine.
+    pub(super) async fn remove_machine(
+        &self,
+        req: pb::MachineRef,
+    ) -> Result<pb::MachineResponse, Status> {
+        let m = self.machine(&req.machine)?;
+        if !m.revoked {
+            return Err(Status::failed_precondition(format!(
+                "{} is not revoked: revoke it first (`byom machines revoke {}`)",
+                m.name, m.name
+            )));
+        }
+        self.store.delete_machine(&m.id).map_err(store_err)?;
+        self.store.flush_async().await.map_err(store_err)?;
+        Ok(pb::MachineResponse { machine: Some(m) })
     }
 
     pub(super) async fn revoke_machine(

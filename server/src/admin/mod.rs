@@ -305,6 +305,12 @@ impl Admin for Api {
             .map(Response::new)
     }
 
+    async fn remove_machine(&self, req: Request<pb::MachineRef>) -> Reply<pb::MachineResponse> {
+        self.remove_machine(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn create_command(
         &self,
         req: Request<pb::CreateCommandRequest>,

@@ -165,9 +165,17 @@ impl Commands {
 
     fn resolve(&self, target: &Target) -> Result<pb::Machine, CommandError> {
         match target {
-            Target::Machine(m) => self.store().resolve_machine(m)?.ok_or_else(|| {
-                CommandError::NotFound(format!("no machine {m:?}: see `byom machines ls`"))
-            }),
+            Target::Machine(m) => match self.store().resolve_machine(m)? {
+                Some(x) => Ok(x),
+                None => Err(match self.store().revoked_named(m)? {
+                    Some(_) => CommandError::Refused(format!(
+                        "machine {m} was revoked; pair it again with a new token (`byom token create --name {m}`)"
+                    )),
+                    None => CommandError::NotFound(format!(
+                        "no machine {m:?}: see `byom machines ls`"
+                    )),
+                }),
+            },
             Target::Labels(want) => {
                 let candidates: Vec<Candidate> = self
                     .store()
@@ -251,7 +259,10 @@ impl Commands {
             ));
         }
         if n.timeout_ms > ms(limits::MAX_COMMAND_TIMEOUT) {
-            return invalid("timeout too long: at most 7 days".into());
+            return invalid(format!(
+                "timeout too long: at most {}",
+                humantime::format_duration(limits::MAX_COMMAND_TIMEOUT)
+            ));
         }
         let m = self.resolve(&n.target)?;
         if m.revoked {
@@ -267,10 +278,16 @@ impl Commands {
                 m.name
             )));
         }
+        if n.queue_ttl_ms > ms(limits::MAX_QUEUE_TTL) {
+            return invalid(format!(
+                "queue TTL too long: at most {}",
+                humantime::format_duration(limits::MAX_QUEUE_TTL)
+            ));
+        }
         let ttl = if n.queue_ttl_ms == 0 {
             ms(limits::DEFAULT_QUEUE_TTL)
         } else {
-            n.queue_ttl_ms.min(ms(limits::MAX_QUEUE_TTL))
+            n.queue_ttl_ms
         };
         let now = byom_wire::now_ms();
         let c = pb::Command {

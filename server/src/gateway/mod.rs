@@ -94,6 +94,10 @@ pub async fn serve(gw: Gateway, endpoint: quinn::Endpoint, transport: Arc<Transp
             drop(permit);
             if let Err(e) = handle_connection(gw, conn.clone(), &transport).await {
                 tracing::debug!(%remote, "connection ended: {e}");
+                // Say why, with the code that tells a daemon it sent
+                // something wrong (a close with no code reads as normal).
+                let why: String = e.to_string().chars().take(200).collect();
+                conn.close(close::PROTOCOL.into(), why.as_bytes());
             }
         });
     }

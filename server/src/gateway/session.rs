@@ -21,6 +21,12 @@ const LAST_SEEN_WRITE_EVERY: Duration = Duration::from_secs(30);
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
+/// What a daemon says about itself, without control characters and cut to
+/// `max` characters: it is shown to people.
+fn printable(s: &str, max: usize) -> String {
+    s.chars().filter(|c| !c.is_control()).take(max).collect()
+}
+
 /// An authenticated machine's connection: Hello, then the control stream,
 /// request streams and its commands until it ends.
 pub(super) async fn serve(
@@ -63,6 +69,9 @@ pub(super) async fn serve(
         }
         _ => {
             write_frame(&mut ctl_send, &error_frame("bad_request", "expected Hello")).await?;
+            let _ = ctl_send.finish();
+            let _ = tokio::time::timeout(Duration::from_secs(1), ctl_send.stopped()).await;
+            conn.close(close::PROTOCOL.into(), b"expected Hello");
             return Ok(());
         }
     };
@@ -93,15 +102,15 @@ pub(super) async fn serve(
     ));
     let m = gw.store.update_machine(&machine.id, |m| {
         m.last_seen_ms = now;
-        m.version = hello.version.chars().take(64).collect();
-        m.os = hello.os.chars().take(32).collect();
-        m.arch = hello.arch.chars().take(32).collect();
-        m.hostname = hello.hostname.chars().take(255).collect();
+        m.version = printable(&hello.version, 64);
+        m.os = printable(&hello.os, 32);
+        m.arch = printable(&hello.arch, 32);
+        m.hostname = printable(&hello.hostname, 255);
         m.instance_id = hello.instance_id.clone();
         m.remote_addr = remote.clone();
         m.offline_reason.clear();
-        m.policy_digest = hello.policy_digest.chars().take(64).collect();
-        m.policy_summary = hello.policy_summary.chars().take(256).collect();
+        m.policy_digest = printable(&hello.policy_digest, 64);
+        m.policy_summary = printable(&hello.policy_summary, 256);
         m.paused = hello.paused;
         m.transport = transport.name.to_string();
         // The machine's own labels fill in; an admin's win.
