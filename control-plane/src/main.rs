@@ -3,7 +3,6 @@
 //! server` runs `byom_server::run` in this process.
 
 mod cli;
-mod demo;
 mod js;
 
 use clap::Parser;

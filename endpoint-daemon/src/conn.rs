@@ -59,7 +59,8 @@ fn set_status(dir: &Path, state: &str, server: &str, err: &str) {
         last_error: err.into(),
     };
     if let Ok(j) = serde_json::to_vec_pretty(&s) {
-        let _ = crate::identity::write_atomic(&RunStatus::path(dir), &j, 0o644);
+        // Owner-only, like everything else in the config dir.
+        let _ = crate::identity::write_atomic(&RunStatus::path(dir), &j, 0o600);
     }
 }
 

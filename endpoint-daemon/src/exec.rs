@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::now_ms;
 use crate::policy::{Decision, Policy};
-use crate::secrets::Scrubber;
+use crate::secrets::{Scrubber, Stream};
 
 /// After cancel or timeout, SIGTERM first, then SIGKILL after this grace.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -147,6 +147,8 @@ struct Plan {
     secrets: std::collections::BTreeMap<String, String>,
     /// The policy rule that makes this command wait for local approval.
     confirm: Option<String>,
+    /// The local user it runs as, if not byomd's own.
+    run_as: Option<crate::policy::RunAs>,
     config_dir: Option<std::path::PathBuf>,
 }
 
@@ -200,7 +202,7 @@ impl Runner {
     /// puts secret values in place of their handles.
     fn plan(&self, req: &pb::ExecRequest) -> Result<Plan, (CommandState, String)> {
         let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
-        let (cwd, timeout, scrub, confirm) = {
+        let (cwd, timeout, scrub, confirm, run_as) = {
             let Ok(mut guard) = self.policy.lock() else {
                 return Err((CommandState::Failed, "daemon policy state poisoned".into()));
             };
@@ -210,6 +212,7 @@ impl Runner {
                     timeout,
                     Vec::new(),
                     None,
+                    None,
                 ),
                 Some(policy) => {
                     if let Some(e) = policy.reload_if_changed() {
@@ -217,13 +220,23 @@ impl Runner {
                             "policy change ignored, keeping the previous policy: {e:#}"
                         );
                     }
-                    match policy.check(&req.argv, &req.shell, &req.cwd, &req.env, timeout) {
+                    let r = crate::policy::Request {
+                        argv: &req.argv,
+                        shell: &req.shell,
+                        cwd: &req.cwd,
+                        env: Some(&req.env),
+                        stdin: &req.stdin,
+                        timeout,
+                        requested_by: &req.requested_by,
+                    };
+                    match policy.check(&r) {
                         Ok(Decision::Allow {
                             cwd,
                             timeout,
                             scrub,
                             confirm,
-                        }) => (Some(cwd), timeout, scrub, confirm),
+                            run_as,
+                        }) => (Some(cwd), timeout, scrub, confirm, run_as),
                         Ok(Decision::Deny { rule }) => {
                             return Err((
                                 CommandState::Denied,
@@ -283,6 +296,7 @@ impl Runner {
             stdin,
             secrets,
             confirm,
+            run_as,
             config_dir: self.config_dir.clone(),
         })
     }
@@ -500,38 +514,36 @@ fn kill_group(_pgid: u32, _sig: i32) {}
 async fn pump<R: tokio::io::AsyncRead + Unpin>(
     entry: Arc<Entry>,
     mut r: R,
-    stderr: bool,
-    mut scrub: Scrubber,
+    stream: Stream,
+    scrub: Arc<std::sync::Mutex<Scrubber>>,
 ) {
     let mut raw = vec![0u8; limits::MAX_OUTPUT_CHUNK_BYTES];
     loop {
         let n: usize = r.read(&mut raw).await.unwrap_or_default();
-        // Secret values never leave the machine, even split across reads.
-        let buf = if n == 0 {
-            scrub.finish()
-        } else {
-            scrub.push(&raw[..n])
+        // Secret values never leave the machine: split across reads, or
+        // between stdout and stderr, or encoded.
+        let out = match scrub.lock() {
+            Ok(mut s) if n == 0 => s.finish(stream),
+            Ok(mut s) => s.push(stream, &raw[..n]),
+            // Never send unscrubbed output: a poisoned scrubber ends it.
+            Err(_) => return,
         };
-        let done = n == 0;
-        let n = buf.len();
+        if out.iter().any(|o| !o.is_empty()) {
+            if let Ok(mut o) = entry.output.lock() {
+                for (i, buf) in out.iter().enumerate() {
+                    let used = (o.stdout.len() + o.stderr.len()) as u64;
+                    let room = limits::MAX_COMMAND_OUTPUT_BYTES.saturating_sub(used) as usize;
+                    let take = buf.len().min(room);
+                    if take < buf.len() {
+                        o.truncated = true;
+                    }
+                    let dst = if i == 1 { &mut o.stderr } else { &mut o.stdout };
+                    dst.extend_from_slice(&buf[..take]);
+                }
+            }
+            entry.bump();
+        }
         if n == 0 {
-            if done {
-                return;
-            }
-            continue;
-        }
-        if let Ok(mut o) = entry.output.lock() {
-            let used = (o.stdout.len() + o.stderr.len()) as u64;
-            let room = limits::MAX_COMMAND_OUTPUT_BYTES.saturating_sub(used) as usize;
-            let take = n.min(room);
-            if take < n {
-                o.truncated = true;
-            }
-            let dst = if stderr { &mut o.stderr } else { &mut o.stdout };
-            dst.extend_from_slice(&buf[..take]);
-        }
-        entry.bump();
-        if done {
             return;
         }
     }
@@ -638,6 +650,14 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb
         }
         cmd.current_dir(cwd);
     }
+    #[cfg(unix)]
+    if let Some(r) = &plan.run_as {
+        // As root, std drops the supplementary groups before setuid.
+        cmd.uid(r.uid).gid(r.gid);
+        cmd.env("HOME", &r.home)
+            .env("USER", &r.user)
+            .env("LOGNAME", &r.user);
+    }
     cmd.envs(&plan.env);
     for k in &plan.scrub {
         cmd.env_remove(k);
@@ -685,14 +705,16 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb
             let _ = stdin.shutdown().await;
         });
     }
+    // One scrubber for both streams: a value split between them is caught.
+    let scrub = Arc::new(std::sync::Mutex::new(Scrubber::new(&plan.secrets)));
     let out = child
         .stdout
         .take()
-        .map(|o| tokio::spawn(pump(entry.clone(), o, false, Scrubber::new(&plan.secrets))));
+        .map(|o| tokio::spawn(pump(entry.clone(), o, Stream::Out, scrub.clone())));
     let err = child
         .stderr
         .take()
-        .map(|e| tokio::spawn(pump(entry.clone(), e, true, Scrubber::new(&plan.secrets))));
+        .map(|e| tokio::spawn(pump(entry.clone(), e, Stream::Err, scrub.clone())));
 
     let timeout = plan.timeout;
     let mut ended_by: Option<(CommandState, String)> = None;

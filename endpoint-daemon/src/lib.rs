@@ -19,6 +19,7 @@ pub mod pair;
 pub mod policy;
 pub mod secrets;
 pub mod service;
+pub mod shell;
 pub mod tls;
 
 pub use byom_wire::{hostname, now_ms};

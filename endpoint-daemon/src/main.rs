@@ -136,7 +136,15 @@ enum ServiceCmd {
 #[derive(Subcommand, Debug)]
 enum SecretCmd {
     /// Store a secret; the value is read from the terminal (not echoed) or stdin, never argv.
-    Set { name: String },
+    Set {
+        name: String,
+        /// Only commands that run nothing but these programs may use it (repeat the flag).
+        #[arg(long = "allow-program", value_name = "PROGRAM")]
+        allow_program: Vec<String>,
+        /// Every command that uses it waits for `byomd approve`.
+        #[arg(long)]
+        confirm: bool,
+    },
     /// List secret names (never values).
     Ls,
     /// Delete a secret.
@@ -155,6 +163,12 @@ enum PolicyCmd {
         /// Check a shell command line (as `byom exec --sh`).
         #[arg(long = "sh")]
         shell: Option<String>,
+        /// Environment the command would get (repeat: --env K=V).
+        #[arg(long = "env", value_name = "K=V")]
+        env: Vec<String>,
+        /// As if an agent sent it (the policy's [agents] rule applies).
+        #[arg(long = "from-agent")]
+        from_agent: bool,
         #[arg(last = true)]
         argv: Vec<String>,
     },
@@ -461,17 +475,40 @@ fn policy(dir: &std::path::Path, cmd: PolicyCmd) -> anyhow::Result<i32> {
             print!("{}", toml::to_string(&p.file).unwrap_or_default());
             Ok(0)
         }
-        PolicyCmd::Check { cwd, shell, argv } => {
+        PolicyCmd::Check {
+            cwd,
+            shell,
+            env,
+            from_agent,
+            argv,
+        } => {
             if shell.is_none() && argv.is_empty() {
                 anyhow::bail!("give a command: byomd policy check -- CMD ARGS (or --sh 'LINE')");
             }
             let shell = shell.unwrap_or_default();
-            match p.check(&argv, &shell, &cwd, &Default::default(), None) {
+            let env = env
+                .iter()
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, v)) => Ok((k.to_string(), v.to_string())),
+                    None => Err(anyhow::anyhow!("--env wants K=V, got {kv:?}")),
+                })
+                .collect::<anyhow::Result<std::collections::HashMap<_, _>>>()?;
+            let req = byom_daemon::policy::Request {
+                argv: &argv,
+                shell: &shell,
+                cwd: &cwd,
+                env: Some(&env),
+                stdin: &[],
+                timeout: None,
+                requested_by: if from_agent { "wrk_policy_check" } else { "" },
+            };
+            match p.check(&req) {
                 Ok(Decision::Allow {
                     cwd,
                     timeout,
                     scrub,
                     confirm,
+                    run_as,
                 }) => {
                     match &confirm {
                         Some(rule) => println!(
@@ -485,6 +522,9 @@ fn policy(dir: &std::path::Path, cmd: PolicyCmd) -> anyhow::Result<i32> {
                     }
                     if !scrub.is_empty() {
                         println!("  environment scrubbed: {}", scrub.join(", "));
+                    }
+                    if let Some(r) = run_as {
+                        println!("  runs as {} (uid {})", r.user, r.uid);
                     }
                     Ok(0)
                 }
@@ -539,7 +579,11 @@ fn read_hidden(prompt: &str) -> anyhow::Result<String> {
 fn secret(dir: &std::path::Path, cmd: SecretCmd) -> anyhow::Result<i32> {
     use std::io::{IsTerminal, Read};
     match cmd {
-        SecretCmd::Set { name } => {
+        SecretCmd::Set {
+            name,
+            allow_program,
+            confirm,
+        } => {
             let value = if std::io::stdin().is_terminal() {
                 read_hidden(&format!("value for {name}: "))?
             } else {
@@ -551,17 +595,28 @@ fn secret(dir: &std::path::Path, cmd: SecretCmd) -> anyhow::Result<i32> {
                     .map(|x| x.strip_suffix('\r').unwrap_or(x).to_string())
                     .unwrap_or(v)
             };
-            let kind = byom_daemon::secrets::set(dir, &name, &value)?;
+            let rule = byom_daemon::secrets::SecretRule {
+                allow_programs: allow_program,
+                confirm,
+            };
+            let restricted = rule.describe();
+            let kind = byom_daemon::secrets::set(dir, &name, &value, rule)?;
             let store = match kind {
                 identity::KeyStore::Keyring => "the OS keyring",
                 identity::KeyStore::File => "a 0600 file in the config dir",
             };
             println!("stored {name} in {store}; commands can use {{{{secret:{name}}}}}");
+            if !restricted.is_empty() {
+                println!("  used {restricted}");
+            }
             Ok(0)
         }
         SecretCmd::Ls => {
-            for n in byom_daemon::secrets::list(dir)? {
-                println!("{n}");
+            for (n, rule) in byom_daemon::secrets::list(dir)? {
+                match rule {
+                    Some(r) => println!("{n}\t(used {})", r.describe()),
+                    None => println!("{n}"),
+                }
             }
             Ok(0)
         }

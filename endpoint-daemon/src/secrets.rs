@@ -30,6 +30,36 @@ struct SecretsFile {
     /// name → value (file store) or "" (keyring store).
     #[serde(default)]
     secrets: BTreeMap<String, String>,
+    /// name → the owner's restrictions on it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    rules: BTreeMap<String, SecretRule>,
+}
+
+/// What the owner allows a secret to be used for. A command that leaks a
+/// value on purpose can encode it beyond any scrubber, so a secret is only
+/// as safe as the programs allowed to use it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretRule {
+    /// Only commands that run nothing but these programs (names or paths,
+    /// checked on the files they resolve to) may use it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_programs: Vec<String>,
+    /// Every command that uses it waits for `byomd approve`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub confirm: bool,
+}
+
+impl SecretRule {
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.allow_programs.is_empty() {
+            parts.push(format!("only by {}", self.allow_programs.join(", ")));
+        }
+        if self.confirm {
+            parts.push("each use needs your approval".into());
+        }
+        parts.join("; ")
+    }
 }
 
 pub fn valid_name(n: &str) -> bool {
@@ -67,7 +97,7 @@ fn store_kind(dir: &Path) -> KeyStore {
         .unwrap_or(KeyStore::File)
 }
 
-pub fn set(dir: &Path, name: &str, value: &str) -> anyhow::Result<KeyStore> {
+pub fn set(dir: &Path, name: &str, value: &str, rule: SecretRule) -> anyhow::Result<KeyStore> {
     if !valid_name(name) {
         bail!(
             "bad secret name {name:?}: use letters, digits, '_', '-', '.' (at most {MAX_NAME_LEN})"
@@ -90,17 +120,37 @@ pub fn set(dir: &Path, name: &str, value: &str) -> anyhow::Result<KeyStore> {
             f.secrets.insert(name.to_string(), value.to_string());
         }
     }
+    if rule == SecretRule::default() {
+        f.rules.remove(name);
+    } else {
+        f.rules.insert(name.to_string(), rule);
+    }
     save(dir, &f)?;
     Ok(kind)
 }
 
-pub fn list(dir: &Path) -> anyhow::Result<Vec<String>> {
-    Ok(load(dir)?.secrets.into_keys().collect())
+/// Every secret's name, with its restrictions if any.
+pub fn list(dir: &Path) -> anyhow::Result<Vec<(String, Option<SecretRule>)>> {
+    let mut f = load(dir)?;
+    Ok(f.secrets
+        .into_keys()
+        .map(|n| {
+            let r = f.rules.remove(&n);
+            (n, r)
+        })
+        .collect())
+}
+
+/// The owner's restrictions, by secret name. An unreadable file restricts
+/// nothing here: using any secret then fails when its value is read.
+pub fn restrictions(dir: &Path) -> BTreeMap<String, SecretRule> {
+    load(dir).map(|f| f.rules).unwrap_or_default()
 }
 
 pub fn remove(dir: &Path, name: &str) -> anyhow::Result<bool> {
     let mut f = load(dir)?;
     let had = f.secrets.remove(name).is_some();
+    f.rules.remove(name);
     if had {
         if store_kind(dir) == KeyStore::Keyring {
             let _ =
@@ -155,78 +205,250 @@ pub fn substitute(text: &str, values: &BTreeMap<String, String>) -> Result<Strin
     Ok(out)
 }
 
-/// Streams output with every secret value replaced by its handle, also
-/// when a value is split across chunks: bytes that could be the start of a
-/// value wait for the next chunk.
+/// Which output stream bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Out = 0,
+    Err = 1,
+}
+
+/// One form of a secret to take out, and what to put instead.
+struct Pattern {
+    bytes: Vec<u8>,
+    handle: Vec<u8>,
+}
+
+/// Shortest encoded form scrubbed (shorter ones would mangle ordinary
+/// output by chance).
+const MIN_FORM_LEN: usize = 8;
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+const B64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+fn base64(data: &[u8], alphabet: &[u8; 64], pad: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        let chars = c.len() + 1;
+        for k in 0..4 {
+            if k < chars {
+                out.push(alphabet[(n >> (18 - 6 * k) & 63) as usize]);
+            } else if pad {
+                out.push(b'=');
+            }
+        }
+    }
+    out
+}
+
+/// The forms a command can print a value in without trying hard: as is,
+/// reversed, hex, and base64 (both alphabets, with and without padding, of
+/// the value alone or with `echo`'s newline, and the part of any base64
+/// text that the value alone determines, at each of the three alignments).
+fn forms(v: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = vec![v.to_vec(), v.iter().rev().copied().collect()];
+    let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
+    out.push(hex.clone().into_bytes());
+    out.push(hex.to_uppercase().into_bytes());
+    let mut nl = v.to_vec();
+    nl.push(b'\n');
+    for alphabet in [B64, B64URL] {
+        for data in [v, &nl[..]] {
+            out.push(base64(data, alphabet, true));
+            out.push(base64(data, alphabet, false));
+        }
+        for k in 0..3usize {
+            // The value at offset k of some larger data: only whole
+            // groups of three bytes inside it encode to fixed characters.
+            let mut data = vec![0u8; k];
+            data.extend_from_slice(v);
+            let enc = base64(&data, alphabet, false);
+            let first = k.div_ceil(3);
+            let last = (k + v.len()) / 3;
+            if last > first {
+                out.push(enc[first * 4..last * 4].to_vec());
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out.retain(|f| f == v || f.len() >= MIN_FORM_LEN);
+    out
+}
+
+/// Takes secret values (and their common encodings) out of a command's
+/// output before it leaves the machine: within stdout, within stderr, and
+/// across the two as the command interleaves them (half a value on each).
+/// Bytes that could be the start of a value are held back until the next
+/// bytes show whether they are; every byte is emitted once.
 pub struct Scrubber {
-    secrets: Vec<(Vec<u8>, Vec<u8>)>,
-    carry: Vec<u8>,
+    patterns: Vec<Pattern>,
+    /// First byte → patterns starting with it, longest first.
+    first: BTreeMap<u8, Vec<usize>>,
+    next_seq: u64,
+    /// Bytes not emitted yet, per stream: (sequence, byte).
+    pending: [std::collections::VecDeque<(u64, u8)>; 2],
+    /// The unresolved tails of the three views: both streams in arrival
+    /// order, stdout alone, stderr alone.
+    views: [std::collections::VecDeque<(u64, u8)>; 3],
+    /// Where each view is held: the first byte that may still begin a value.
+    holds: [Option<u64>; 3],
+    /// Bytes a match took: the first carries the handle, the rest vanish.
+    taken: BTreeMap<u64, Option<usize>>,
+    ended: [bool; 2],
 }
 
 impl Scrubber {
     pub fn new(values: &BTreeMap<String, String>) -> Scrubber {
-        let mut secrets: Vec<(Vec<u8>, Vec<u8>)> = values
-            .iter()
-            .filter(|(_, v)| v.len() >= MIN_VALUE_LEN)
-            .map(|(k, v)| {
-                (
-                    v.as_bytes().to_vec(),
-                    format!("{{{{secret:{k}}}}}").into_bytes(),
-                )
-            })
-            .collect();
+        let mut patterns: Vec<Pattern> = Vec::new();
+        for (k, v) in values.iter().filter(|(_, v)| v.len() >= MIN_VALUE_LEN) {
+            let handle = format!("{{{{secret:{k}}}}}").into_bytes();
+            for f in forms(v.as_bytes()) {
+                patterns.push(Pattern {
+                    bytes: f,
+                    handle: handle.clone(),
+                });
+            }
+        }
         // Longest first, so a value containing another is replaced whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.0.len()));
+        patterns.sort_by_key(|p| std::cmp::Reverse(p.bytes.len()));
+        let mut first: BTreeMap<u8, Vec<usize>> = BTreeMap::new();
+        for (i, p) in patterns.iter().enumerate() {
+            first.entry(p.bytes[0]).or_default().push(i);
+        }
         Scrubber {
-            secrets,
-            carry: Vec::new(),
+            patterns,
+            first,
+            next_seq: 0,
+            pending: Default::default(),
+            views: Default::default(),
+            holds: [None; 3],
+            taken: BTreeMap::new(),
+            ended: [false; 2],
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.secrets.is_empty()
+        self.patterns.is_empty()
     }
 
-    fn scan(&mut self, buf: &[u8], last: bool) -> Vec<u8> {
-        let mut out = Vec::with_capacity(buf.len());
+    /// Whether more bytes may still come into view `v`.
+    fn open(&self, v: usize) -> bool {
+        match v {
+            0 => !(self.ended[0] && self.ended[1]),
+            v => !self.ended[v - 1],
+        }
+    }
+
+    /// Finds every match in view `v` that can be decided now, and where
+    /// the view must wait.
+    fn resolve(&mut self, v: usize) {
+        let open = self.open(v);
+        let view: Vec<(u64, u8)> = self.views[v].iter().copied().collect();
         let mut i = 0;
-        'outer: while i < buf.len() {
-            for (v, r) in &self.secrets {
-                if buf[i..].starts_with(v) {
-                    out.extend_from_slice(r);
-                    i += v.len();
-                    continue 'outer;
+        let mut hold = None;
+        'scan: while i < view.len() {
+            let rest = &view[i..];
+            if let Some(cands) = self.first.get(&rest[0].1) {
+                for &p in cands {
+                    let pat = &self.patterns[p].bytes;
+                    let n = pat.len().min(rest.len());
+                    if !rest[..n].iter().zip(pat).all(|((_, b), c)| b == c) {
+                        continue;
+                    }
+                    if n == pat.len() {
+                        let seqs: Vec<u64> = rest[..n].iter().map(|(s, _)| *s).collect();
+                        if !seqs.iter().any(|s| self.taken.contains_key(s)) {
+                            self.taken.insert(seqs[0], Some(p));
+                            for s in &seqs[1..] {
+                                self.taken.insert(*s, None);
+                            }
+                        } else {
+                            // Overlaps a match another view found: take
+                            // the rest too, so no part of it leaves, and
+                            // mark where it was if its start is free.
+                            self.taken.entry(seqs[0]).or_insert(Some(p));
+                            for s in &seqs[1..] {
+                                self.taken.entry(*s).or_insert(None);
+                            }
+                        }
+                        i += n;
+                        continue 'scan;
+                    }
+                    if open {
+                        // A value may be starting here: wait for more.
+                        hold = Some(rest[0].0);
+                        break 'scan;
+                    }
                 }
             }
-            if !last
-                && self
-                    .secrets
-                    .iter()
-                    .any(|(v, _)| buf.len() - i < v.len() && v.starts_with(&buf[i..]))
-            {
-                self.carry = buf[i..].to_vec();
-                return out;
-            }
-            out.push(buf[i]);
             i += 1;
         }
-        self.carry.clear();
+        let keep_from = hold.unwrap_or(u64::MAX);
+        self.views[v].retain(|(s, _)| *s >= keep_from);
+        self.holds[v] = hold;
+    }
+
+    /// Emits what all views have decided, per stream.
+    fn emit(&mut self) -> [Vec<u8>; 2] {
+        let mut out: [Vec<u8>; 2] = Default::default();
+        for (st, out) in out.iter_mut().enumerate() {
+            let hold = [self.holds[0], self.holds[1 + st]]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(u64::MAX);
+            while let Some(&(seq, b)) = self.pending[st].front() {
+                if seq >= hold {
+                    break;
+                }
+                self.pending[st].pop_front();
+                match self.taken.remove(&seq) {
+                    Some(Some(p)) => out.extend_from_slice(&self.patterns[p].handle),
+                    Some(None) => {}
+                    None => out.push(b),
+                }
+            }
+        }
         out
     }
 
-    pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        if self.secrets.is_empty() {
-            return chunk.to_vec();
+    /// A chunk of `stream`; returns what may be sent now of each stream
+    /// (stdout, stderr).
+    pub fn push(&mut self, stream: Stream, chunk: &[u8]) -> [Vec<u8>; 2] {
+        let st = stream as usize;
+        if self.patterns.is_empty() {
+            let mut out: [Vec<u8>; 2] = Default::default();
+            out[st] = chunk.to_vec();
+            return out;
         }
-        let mut buf = std::mem::take(&mut self.carry);
-        buf.extend_from_slice(chunk);
-        self.scan(&buf, false)
+        for &b in chunk {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.pending[st].push_back((seq, b));
+            self.views[0].push_back((seq, b));
+            self.views[1 + st].push_back((seq, b));
+        }
+        // Each stream on its own first: a value whole in one stream gets
+        // its handle there, whatever the other stream did meanwhile.
+        for v in [1, 2, 0] {
+            self.resolve(v);
+        }
+        self.emit()
     }
 
-    /// The held-back tail at end of stream.
-    pub fn finish(&mut self) -> Vec<u8> {
-        let buf = std::mem::take(&mut self.carry);
-        self.scan(&buf, true)
+    /// `stream` ended: what is held for it (and, once both ended, all the
+    /// rest) is decided and sent.
+    pub fn finish(&mut self, stream: Stream) -> [Vec<u8>; 2] {
+        self.ended[stream as usize] = true;
+        // Each stream on its own first: a value whole in one stream gets
+        // its handle there, whatever the other stream did meanwhile.
+        for v in [1, 2, 0] {
+            self.resolve(v);
+        }
+        self.emit()
     }
 }
 
@@ -254,6 +476,17 @@ mod tests {
         assert_eq!(substitute("{{secret:PW", &vals()).unwrap(), "{{secret:PW");
     }
 
+    /// One stream through a scrubber, split into three chunks.
+    fn through(s: &mut Scrubber, text: &[u8], a: usize, b: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for part in [&text[..a], &text[a..b], &text[b..]] {
+            out.extend(s.push(Stream::Out, part)[0].clone());
+        }
+        out.extend(s.finish(Stream::Out)[0].clone());
+        out.extend(s.finish(Stream::Err)[0].clone());
+        out
+    }
+
     #[test]
     fn scrubbing_across_every_split() {
         let text = b"x s3cr3t-value y hunter22 z hunter2 s3cr3t-valu".to_vec();
@@ -261,12 +494,104 @@ mod tests {
         for a in 0..text.len() {
             for b in a..text.len() {
                 let mut s = Scrubber::new(&vals());
-                let mut out = s.push(&text[..a]);
-                out.extend(s.push(&text[a..b]));
-                out.extend(s.push(&text[b..]));
-                out.extend(s.finish());
-                assert_eq!(out, want, "split at {a},{b}");
+                assert_eq!(through(&mut s, &text, a, b), want, "split at {a},{b}");
             }
         }
+    }
+
+    /// Chunks through one scrubber, both streams ended at the end.
+    fn both(s: &mut Scrubber, parts: &[(Stream, &[u8])]) -> [Vec<u8>; 2] {
+        let mut out: [Vec<u8>; 2] = Default::default();
+        for (st, part) in parts {
+            let o = s.push(*st, part);
+            out[0].extend(&o[0]);
+            out[1].extend(&o[1]);
+        }
+        for st in [Stream::Out, Stream::Err] {
+            let o = s.finish(st);
+            out[0].extend(&o[0]);
+            out[1].extend(&o[1]);
+        }
+        out
+    }
+
+    #[test]
+    fn a_value_split_between_stdout_and_stderr_is_taken_out() {
+        let v = b"s3cr3t-value";
+        for cut in 1..v.len() {
+            let mut s = Scrubber::new(&vals());
+            let out = both(
+                &mut s,
+                &[
+                    (Stream::Out, b"a "),
+                    (Stream::Out, &v[..cut]),
+                    (Stream::Err, &v[cut..]),
+                    (Stream::Err, b" b"),
+                ],
+            );
+            assert_eq!(out[0], b"a {{secret:TOKEN}}", "cut {cut}");
+            assert_eq!(out[1], b" b", "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn a_value_interleaved_with_the_other_stream_is_still_whole_in_its_own() {
+        let mut s = Scrubber::new(&vals());
+        let out = both(
+            &mut s,
+            &[
+                (Stream::Out, b"hunt"),
+                (Stream::Err, b"noise"),
+                (Stream::Out, b"er22\n"),
+            ],
+        );
+        assert_eq!(out[0], b"{{secret:PW}}\n");
+        assert_eq!(out[1], b"noise");
+    }
+
+    /// Both streams print the value in halves and the chunks interleave:
+    /// each stream still shows one handle where its value was.
+    #[test]
+    fn the_same_value_split_in_both_streams_keeps_a_handle_in_each() {
+        let mut s = Scrubber::new(&vals());
+        let out = both(
+            &mut s,
+            &[
+                (Stream::Out, b"hunt"),
+                (Stream::Err, b"hunt"),
+                (Stream::Out, b"er22\n"),
+                (Stream::Err, b"er22\n"),
+            ],
+        );
+        assert_eq!(out[0], b"{{secret:PW}}\n");
+        assert_eq!(out[1], b"{{secret:PW}}\n");
+    }
+
+    #[test]
+    fn encoded_values_are_taken_out_too() {
+        let v = "s3cr3t-value";
+        let b64 = base64(v.as_bytes(), B64, true);
+        let with_nl = base64(format!("{v}\n").as_bytes(), B64, true);
+        let hex: String = v.bytes().map(|b| format!("{b:02x}")).collect();
+        let rev: String = v.chars().rev().collect();
+        let embedded = base64(format!("Authorization: {v}!").as_bytes(), B64, false);
+        for text in [
+            String::from_utf8(b64).unwrap(),
+            String::from_utf8(with_nl).unwrap(),
+            hex.clone(),
+            hex.to_uppercase(),
+            rev,
+            String::from_utf8(embedded).unwrap(),
+        ] {
+            let mut s = Scrubber::new(&vals());
+            let out = through(&mut s, text.as_bytes(), 0, text.len() / 2);
+            assert!(
+                String::from_utf8_lossy(&out).contains("{{secret:TOKEN}}"),
+                "{text} came out as {}",
+                String::from_utf8_lossy(&out)
+            );
+        }
+        assert_eq!(base64(b"hello", B64, true), b"aGVsbG8=");
+        assert_eq!(base64(b"hello", B64URL, false), b"aGVsbG8");
     }
 }

@@ -183,8 +183,7 @@ fn identity(
 
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&opts.data_dir)
-        .with_context(|| format!("cannot create data dir {}", opts.data_dir.display()))?;
+    private_data_dir(&opts.data_dir)?;
     // Configuration errors first, before anything is opened or bound.
     let agent_cfg = agent_config(&opts)?;
     let rules = crate::triggers::load_rules(&opts.data_dir)?;
@@ -333,6 +332,39 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     })
     .await;
     store.flush_async().await?;
+    Ok(())
+}
+
+/// The data dir holds command environments, outputs, keys and the CA: it
+/// and everything the server writes in it are the owner's alone (0700,
+/// files 0600). A dir that others could read is closed, and said so.
+fn private_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        // Files the store and the PKI create get no group or other bits.
+        // SAFETY: umask only changes this process's file-creation mask.
+        unsafe {
+            libc::umask(0o077);
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create data dir {}", dir.display()))?;
+        let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("cannot make {} private (chmod 700)", dir.display()))?;
+            tracing::warn!(
+                "data dir {} was open to others (mode {mode:o}); it holds command environments, outputs and keys, so it is now 700",
+                dir.display()
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create data dir {}", dir.display()))?;
     Ok(())
 }
 

@@ -69,7 +69,7 @@ fn owner_edits_take_effect_and_bad_edits_are_ignored() {
     std::fs::write(
         &policy,
         format!(
-            "[commands]\nallow = [\"echo\", \"sleep\", \"env\"]\ndeny_patterns = [\"*forbidden*\"]\n[dirs]\nroots = [\"{}\"]\n[env]\nscrub = [\"SECRETISH_*\"]\n[limits]\nmax_runtime = \"1s\"\n",
+            "[commands]\nallow = [\"echo\", \"sleep\", \"env\"]\ndeny_patterns = [\"echo forbidden*\"]\n[dirs]\nroots = [\"{}\"]\n[env]\nscrub = [\"SECRETISH_*\"]\n[limits]\nmax_runtime = \"1s\"\n",
             dir.path().display()
         ),
     )
@@ -267,4 +267,207 @@ fn max_concurrency_from_the_policy_is_respected_by_the_server() {
     assert_eq!(server.command(&second)["state"], "queued", "one at a time");
     assert_eq!(server.wait_done(&second, T)["stdout"], "second\n");
     assert_eq!(server.command(&first)["state"], "exited");
+}
+
+/// Every line the review ran past `commands.deny = ["su"]` and the raw-line
+/// patterns, through `byomd policy check` and through a real byomd: the
+/// same answer from both. The programs the lines name are harmless fakes
+/// first on the command's PATH, so a wrong "allow" shows as a marker file,
+/// never as a real `su` or `rm -rf /`.
+#[test]
+fn policy_table_same_answer_from_check_and_runtime() {
+    let (dir, server, d) = setup();
+    let fake = dir.path().join("fakebin");
+    let marks = dir.path().join("ran");
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::create_dir_all(&marks).unwrap();
+    for name in [
+        "su",
+        "sudo",
+        "doas",
+        "rm",
+        "git",
+        "busybox",
+        "mkfs.ext4",
+        "dd",
+    ] {
+        let p = fake.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\ntouch {}/{name}\n", marks.display())).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!("PATH={}:/usr/bin:/bin", fake.display());
+    let table: &[(&str, &str)] = &[
+        ("s''u -c id", "deny"),
+        ("\\su -c id", "deny"),
+        ("x=s; ${x}u -c id", "deny"),
+        ("eval \"s\"\"u -c id\"", "deny"),
+        ("find / -maxdepth 0 -exec su -c id ';'", "deny"),
+        ("busybox su", "deny"),
+        ("env A=1 su -c id", "deny"),
+        ("nice -n 5 nohup timeout 5 su -c id", "deny"),
+        ("echo id | xargs su -c", "deny"),
+        ("sudo id", "deny"),
+        ("echo $(doas id)", "deny"),
+        ("sh -c 'su -c id'", "deny"),
+        ("rm -fr /", "deny"),
+        ("rm -r -f /", "deny"),
+        ("rm -rf --no-preserve-root /", "deny"),
+        ("rm -rf //", "deny"),
+        ("rm -rf ~", "deny"),
+        ("mkfs.ext4 /dev/sda1", "deny"),
+        ("cd /tmp && git push", "confirm"),
+        ("git -C /tmp push", "confirm"),
+        ("git -c a=b push", "confirm"),
+        ("echo su is denied", "allow"),
+        ("git status", "allow"),
+        ("rm -rf /tmp/byom-policy-table-nothing", "allow"),
+    ];
+    for (line, want) in table {
+        // The owner's view.
+        let out = d.byomd(&[
+            "policy", "check", "--cwd", "/tmp", "--env", &path, "--sh", line,
+        ]);
+        let text = stdout(&out);
+        let said = if text.starts_with("denied:") {
+            "deny"
+        } else if text.starts_with("allowed after your approval") {
+            "confirm"
+        } else if text.starts_with("allowed:") {
+            "allow"
+        } else {
+            "?"
+        };
+        assert_eq!(said, *want, "policy check {line:?}: {text}");
+        // The runtime's.
+        let id = server.detach("lap", &["--cwd", "/tmp", "--env", &path, "--sh", line], &[]);
+        let state = wait_for("a decision", T, || {
+            let c = server.command(&id);
+            let s = c["state"].as_str().unwrap_or("").to_string();
+            matches!(
+                s.as_str(),
+                "denied" | "awaiting_local_approval" | "exited" | "failed"
+            )
+            .then_some((s, c))
+        });
+        let got = match state.0.as_str() {
+            "denied" => "deny",
+            "awaiting_local_approval" => "confirm",
+            _ => "allow",
+        };
+        assert_eq!(got, *want, "byomd ran {line:?}: {}", state.1);
+        if got == "confirm" {
+            assert!(server.byom(&["commands", "cancel", &id]).status.success());
+        }
+        if *want == "deny" {
+            let c = server.command(&id);
+            let reason = c["reason"].as_str().unwrap_or("");
+            assert!(
+                reason.contains("denied by local policy"),
+                "{line:?}: {reason}"
+            );
+        }
+    }
+    let ran: Vec<_> = std::fs::read_dir(&marks)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    // Only the allowed `git status` and `rm` of a path that is not there ran.
+    let mut ran = ran;
+    ran.sort();
+    assert_eq!(ran, ["git", "rm"], "a denied command ran");
+}
+
+/// `[agents] commands` applies to what agents send, not to the owner's own
+/// `byom exec`; `[run] user` runs commands as an unprivileged local user.
+#[test]
+fn agents_rule_and_run_as_user() {
+    let (dir, server, d) = setup();
+    std::fs::write(
+        d.config_dir.join("policy.toml"),
+        "[agents]\ncommands = \"deny\"\n[dirs]\nroots = [\"/tmp\"]\n",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let check = d.byomd(&["policy", "check", "--from-agent", "--", "hostname"]);
+    assert!(
+        stdout(&check).starts_with("denied: agents.commands"),
+        "{}",
+        stdout(&check)
+    );
+    let out = server.byom(&["exec", "lap", "--", "hostname"]);
+    assert!(
+        out.status.success(),
+        "the owner's own command: {}",
+        stderr(&out)
+    );
+    // An agent's: the scripted worker runs `hostname` when asked.
+    let sent = server.byom(&[
+        "events",
+        "send",
+        "--source",
+        "chat",
+        "--thread",
+        "t1",
+        "--user",
+        "ada",
+        "--mention",
+        "please run `hostname` on lap",
+    ]);
+    assert!(sent.status.success(), "{}", stderr(&sent));
+    let denied = wait_for("the agent's command denied", T, || {
+        let cmds = server.json(&["commands", "ls", "--state", "denied"]);
+        cmds.as_array().and_then(|a| a.first().cloned())
+    });
+    assert!(
+        denied["requested_by"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("wrk_"),
+        "{denied}"
+    );
+    assert!(
+        denied["reason"]
+            .as_str()
+            .unwrap()
+            .contains("agents.commands"),
+        "{denied}"
+    );
+
+    // Running as `nobody` needs byomd to be root: only then is it tested.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping run.user: not root");
+        return;
+    }
+    std::fs::write(
+        d.config_dir.join("policy.toml"),
+        "[run]\nuser = \"nobody\"\n[dirs]\nroots = [\"/tmp\"]\n",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let out = server.byom(&["exec", "lap", "--sh", "id -u; id -G; echo $HOME"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "65534", "{text}");
+    assert!(
+        !lines[1].split(' ').any(|g| g == "0"),
+        "no root group: {text}"
+    );
+    assert!(stdout(&d.byomd(&["policy", "show"])).contains("runs as nobody"));
+    // A file only root may write stays unwritten.
+    let target = dir.path().join("root-only");
+    std::fs::write(&target, "x").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = server.byom(&[
+        "exec",
+        "lap",
+        "--sh",
+        &format!("echo y > {}", target.display()),
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "x");
 }

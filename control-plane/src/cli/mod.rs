@@ -8,6 +8,7 @@ mod approvals;
 mod audit;
 mod chat;
 mod commands;
+mod demo;
 mod events;
 mod exec;
 mod machines;
@@ -85,7 +86,7 @@ pub enum Cmd {
         json: bool,
     },
     /// Start a server and a daemon in a temp dir, run commands, clean up.
-    Demo(crate::demo::DemoArgs),
+    Demo(demo::DemoArgs),
     /// Run JavaScript in the sandboxed code interpreter.
     #[command(subcommand)]
     Js(crate::js::JsCmd),
@@ -224,7 +225,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     let g = &cli.global;
     match cli.cmd {
         Cmd::Server(a) => server::run(a).await,
-        Cmd::Demo(a) => crate::demo::run(a).await,
+        Cmd::Demo(a) => demo::run(a).await,
         Cmd::Js(j) => crate::js::run(j).await,
         Cmd::Token(t) => token::run(&mut connect(g).await?, t).await,
         Cmd::Machines(m) => machines::run(&mut connect(g).await?, m).await,

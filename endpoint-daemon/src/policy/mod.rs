@@ -1,0 +1,709 @@
+//! The machine owner's local policy: a TOML file in the daemon's config dir
+//! that says what the cloud may run here. The server can neither read its
+//! rules' effects away nor change it: nothing the server sends touches this
+//! file, and every command passes [`Policy::check`] before it starts;
+//! `byomd policy check` calls the same function.
+//!
+//! Rules judge parsed commands, not text ([`analysis`]): every program a
+//! command would start, through shells, substitutions and wrappers. Programs
+//! denied or allowed by name (an allow-list checks the resolved file),
+//! command patterns on parsed argv (`git push`, `rm -rf /`), working-directory
+//! roots, environment variables scrubbed, what agents' commands may do,
+//! per-secret restrictions, the user commands run as, a maximum runtime and
+//! concurrency. What cannot be known before a command runs (a program name
+//! built from a variable, `eval` of one, a file sourced) counts as a match
+//! of the strictest rule in force.
+//!
+//! A policy that does not parse stops `byomd run` from starting (and a bad
+//! edit while running keeps the previous policy): an unreadable policy must
+//! never mean "anything goes".
+
+pub mod analysis;
+pub mod rules;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use analysis::{analyze, Analysis, Exec};
+pub use rules::glob;
+use rules::{expand, resolve, Pattern};
+
+pub const POLICY_FILE: &str = "policy.toml";
+
+/// Written by `byomd pair` when no policy exists: safe but useful.
+pub const DEFAULT_POLICY: &str = r#"# byomd local policy. The byom server cannot change this file: it is yours.
+# byomd re-reads it when it changes. `byomd policy show` prints the effective
+# policy; `byomd policy check -- CMD ARGS` (or --sh 'LINE') explains what
+# would happen to a command, exactly as byomd would decide it.
+#
+# Rules look at commands as a shell runs them: quotes and escapes removed,
+# every program of a line (`a; b && c | d $(e)`), and through `sh -c`, `eval`,
+# `env`, `nice`, `nohup`, `timeout`, `xargs`, `find -exec`, `busybox APPLET`,
+# `sudo`, `doas`, `su -c`, `watch`, `flock`. A program whose name is only
+# known when the command runs (`$x`, `$(…)`, `eval "$y"`, `. file`) counts
+# as denied while any deny rule exists here, else it waits for your approval.
+#
+# A deny list is a guard against accidents, not a security boundary: an
+# interpreter (`python3 -c`, `perl -e`, `node -e`), a copy or a symlink of a
+# binary under another name, or a program's own way of running others
+# (git aliases, make, ssh) gets past any list of names. For a boundary, use
+# the allow-list below (checked on the resolved file, not the name),
+# `[agents] commands = "confirm"`, and `[run] user` (an unprivileged user).
+
+[commands]
+# Allow-list mode: when not empty, only these programs run (names found on
+# byomd's PATH, or absolute paths), each checked on the file it resolves to,
+# so a copy or symlink named like an allowed program does not pass. Shell
+# builtins such as cd, echo and test need no entry.
+allow = []
+# Programs that never run, by name (glob), wherever they appear in a command.
+deny = ["sudo", "su", "doas", "pkexec", "passwd", "visudo", "chsh", "shutdown", "reboot"]
+# Commands that never run, written as you would type them and matched on the
+# parsed command: the program (glob), its flags in any order or spelling
+# (`-rf` matches `-r -f`, `-fr`, `--recursive --force`), and words it must be
+# given (`/` also matches `//` and `/.`; `/*` any top-level directory;
+# `{root}` each of dirs.roots). For git and cargo the first word is the
+# subcommand after their global options (`git -C dir push` is `git push`).
+deny_patterns = ["rm -rf /", "rm -rf /*", "rm -rf ~", "rm -rf {root}", "mkfs*", "dd of=/dev/sd*", "dd of=/dev/nvme*", "dd of=/dev/mmcblk*"]
+# Commands (same patterns) that wait for you: they start only after
+# `byomd approve ID` on this machine (`byomd pending` lists them).
+confirm = ["git push", "npm publish", "cargo publish"]
+
+[agents]
+# Commands the agents send (not the ones you run with `byom exec`):
+# "allow" (subject to the rules above), "confirm" (each waits for
+# `byomd approve`), or "deny".
+commands = "allow"
+
+[dirs]
+# Commands run in, and may only be started in, a directory under one of these.
+# "~" is your home directory. Commands without a directory start in the first.
+roots = ["~", "/tmp"]
+
+[env]
+# Environment variables removed before a command starts (glob on the name).
+scrub = ["*_TOKEN", "*_SECRET", "*_SECRET_*", "*_PASSWORD", "*_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]
+
+[run]
+# Run commands as this local user instead of byomd's own (byomd must then
+# run as root). An unprivileged user is a real boundary: a command can do
+# no more than that user can.
+# user = "byom-runner"
+
+[limits]
+# Longest a command may run, whatever timeout the server asks for.
+max_runtime = "2h"
+# Commands running at once.
+max_concurrency = 8
+"#;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CommandRules {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+    pub deny_patterns: Vec<String>,
+    /// Command patterns that wait for the owner's `byomd approve ID`.
+    pub confirm: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DirRules {
+    pub roots: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvRules {
+    pub scrub: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitRules {
+    pub max_runtime: Option<String>,
+    pub max_concurrency: Option<usize>,
+}
+
+/// What happens to commands the agents send.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentCommands {
+    #[default]
+    Allow,
+    Confirm,
+    Deny,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentRules {
+    pub commands: AgentCommands,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunRules {
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyFile {
+    pub commands: CommandRules,
+    pub agents: AgentRules,
+    pub dirs: DirRules,
+    pub env: EnvRules,
+    pub run: RunRules,
+    pub limits: LimitRules,
+}
+
+/// The local user commands run as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    pub user: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+/// One command to judge, as the server sent it.
+#[derive(Debug, Clone, Default)]
+pub struct Request<'a> {
+    pub argv: &'a [String],
+    pub shell: &'a str,
+    pub cwd: &'a str,
+    pub env: Option<&'a HashMap<String, String>>,
+    pub stdin: &'a [u8],
+    pub timeout: Option<Duration>,
+    /// A worker ID (`wrk_…`) when an agent sent it.
+    pub requested_by: &'a str,
+}
+
+impl Request<'_> {
+    pub fn from_agent(&self) -> bool {
+        self.requested_by.starts_with("wrk_")
+    }
+
+    /// The secrets the command uses by handle.
+    fn secrets(&self) -> std::collections::BTreeSet<String> {
+        let mut texts: Vec<&str> = self.argv.iter().map(String::as_str).collect();
+        texts.push(self.shell);
+        if let Some(env) = self.env {
+            texts.extend(env.values().map(String::as_str));
+        }
+        let stdin = String::from_utf8_lossy(self.stdin);
+        texts.push(&stdin);
+        let mut out = std::collections::BTreeSet::new();
+        for t in texts {
+            let mut rest = t;
+            while let Some(i) = rest.find("{{secret:") {
+                let after = &rest[i + 9..];
+                match after.find("}}") {
+                    Some(end) => {
+                        out.insert(after[..end].to_string());
+                        rest = &after[end + 2..];
+                    }
+                    None => break,
+                }
+            }
+        }
+        out
+    }
+}
+
+/// What the policy says about one command.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Run it, in `cwd`, with `timeout` (the smaller of the request's and
+    /// the policy's), without the `scrubbed` environment variables, as
+    /// `run_as` if set; if `confirm` names a rule, only after the owner
+    /// approves it locally.
+    Allow {
+        cwd: PathBuf,
+        timeout: Option<Duration>,
+        scrub: Vec<String>,
+        confirm: Option<String>,
+        run_as: Option<RunAs>,
+    },
+    /// Never run it; `rule` names the rule that said no.
+    Deny { rule: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub file: PolicyFile,
+    /// SHA-256 (hex) of the policy file's bytes ("builtin" digest if none).
+    pub digest: String,
+    pub path: PathBuf,
+    max_runtime: Option<Duration>,
+    deny_patterns: Vec<Pattern>,
+    confirm: Vec<Pattern>,
+    run_as: Option<RunAs>,
+    mtime: Option<SystemTime>,
+}
+
+fn home() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from)
+}
+
+/// Looks a local user up (name → uid, gid, home).
+#[cfg(unix)]
+fn lookup_user(name: &str) -> Result<RunAs, String> {
+    let cname = std::ffi::CString::new(name).map_err(|_| format!("bad user name {name:?}"))?;
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwnam_r writes into our zeroed struct and buffer only.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            cname.as_ptr(),
+            &mut pw,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() {
+        return Err(format!("no local user {name:?}"));
+    }
+    // SAFETY: pw_dir points into buf, NUL-terminated, alive here.
+    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) }
+        .to_string_lossy()
+        .into_owned();
+    Ok(RunAs {
+        user: name.to_string(),
+        uid: pw.pw_uid,
+        gid: pw.pw_gid,
+        home: PathBuf::from(dir),
+    })
+}
+
+#[cfg(not(unix))]
+fn lookup_user(name: &str) -> Result<RunAs, String> {
+    Err(format!("run.user ({name}) is supported on Unix only"))
+}
+
+impl Policy {
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join(POLICY_FILE)
+    }
+
+    /// Writes the default policy if there is none (at pairing).
+    pub fn write_default(dir: &Path) -> anyhow::Result<()> {
+        let p = Self::path(dir);
+        if !p.exists() {
+            byom_wire::write_atomic(&p, DEFAULT_POLICY.as_bytes(), 0o644)
+                .with_context(|| format!("cannot write {}", p.display()))?;
+        }
+        Ok(())
+    }
+
+    pub fn parse(text: &str, path: &Path) -> anyhow::Result<Policy> {
+        let at = path.display();
+        let file: PolicyFile =
+            toml::from_str(text).with_context(|| format!("{at} is not a valid policy"))?;
+        let max_runtime = match &file.limits.max_runtime {
+            Some(s) => Some(humantime::parse_duration(s).with_context(|| {
+                format!("{at}: bad limits.max_runtime {s:?} (use e.g. \"2h\")")
+            })?),
+            None => None,
+        };
+        if file.limits.max_concurrency == Some(0) {
+            anyhow::bail!("{at}: limits.max_concurrency must be at least 1");
+        }
+        let patterns = |list: &[String], key: &str| -> anyhow::Result<Vec<Pattern>> {
+            list.iter()
+                .map(|p| Pattern::parse(p).map_err(|e| anyhow::anyhow!("{at}: {key} {p:?}: {e}")))
+                .collect()
+        };
+        let deny_patterns = patterns(&file.commands.deny_patterns, "commands.deny_patterns")?;
+        let confirm = patterns(&file.commands.confirm, "commands.confirm")?;
+        let run_as = match &file.run.user {
+            None => None,
+            Some(u) => {
+                let r = lookup_user(u).map_err(|e| anyhow::anyhow!("{at}: run.user: {e}"))?;
+                #[cfg(unix)]
+                {
+                    // SAFETY: geteuid has no preconditions.
+                    let me = unsafe { libc::geteuid() };
+                    if me != 0 && me != r.uid {
+                        anyhow::bail!(
+                            "{at}: run.user = {u:?} needs byomd to run as root (it runs as uid {me})"
+                        );
+                    }
+                }
+                Some(r)
+            }
+        };
+        Ok(Policy {
+            digest: byom_wire::hex(&byom_wire::sha256(text.as_bytes())),
+            file,
+            path: path.to_path_buf(),
+            max_runtime,
+            deny_patterns,
+            confirm,
+            run_as,
+            mtime: None,
+        })
+    }
+
+    /// Loads `<dir>/policy.toml`; with no file, the built-in default.
+    pub fn load(dir: &Path) -> anyhow::Result<Policy> {
+        let path = Self::path(dir);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let mut p = Self::parse(&text, &path)?;
+                p.mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+                Ok(p)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Self::parse(DEFAULT_POLICY, &path)
+            }
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    /// Re-reads the file if it changed. A broken edit keeps the old policy
+    /// and returns the error to log.
+    pub fn reload_if_changed(&mut self) -> Option<anyhow::Error> {
+        let mtime = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        if mtime == self.mtime {
+            return None;
+        }
+        let dir = self
+            .path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        match Self::load(&dir) {
+            Ok(p) => {
+                *self = p;
+                tracing::info!(digest = %self.digest, "policy reloaded");
+                None
+            }
+            Err(e) => {
+                self.mtime = mtime;
+                Some(e)
+            }
+        }
+    }
+
+    pub fn max_concurrency(&self) -> Option<usize> {
+        self.file.limits.max_concurrency
+    }
+
+    /// One line for Hello and `byom machines show`.
+    pub fn summary(&self) -> String {
+        let c = &self.file.commands;
+        let mut parts = Vec::new();
+        if !c.allow.is_empty() {
+            parts.push(format!("allow only {}", c.allow.join(",")));
+        }
+        if !c.deny.is_empty() {
+            parts.push(format!("deny {}", c.deny.join(",")));
+        }
+        if !c.deny_patterns.is_empty() {
+            parts.push(format!("{} denied patterns", c.deny_patterns.len()));
+        }
+        match self.file.agents.commands {
+            AgentCommands::Allow => {}
+            AgentCommands::Confirm => parts.push("agents' commands need local approval".into()),
+            AgentCommands::Deny => parts.push("agents' commands denied".into()),
+        }
+        if let Some(u) = &self.file.run.user {
+            parts.push(format!("runs as {u}"));
+        }
+        if !self.file.dirs.roots.is_empty() {
+            parts.push(format!("dirs {}", self.file.dirs.roots.join(",")));
+        }
+        if let Some(r) = &self.file.limits.max_runtime {
+            parts.push(format!("max runtime {r}"));
+        }
+        if let Some(n) = self.file.limits.max_concurrency {
+            parts.push(format!("max {n} at once"));
+        }
+        if !c.confirm.is_empty() {
+            parts.push(format!("{} patterns need local approval", c.confirm.len()));
+        }
+        let mut s = parts.join("; ");
+        s.truncate(200);
+        s
+    }
+
+    fn config_dir(&self) -> Option<&Path> {
+        self.path.parent()
+    }
+
+    /// Decides about one command: the one decision both the runtime and
+    /// `byomd policy check` use. Pure apart from reading the disk (the
+    /// directory, the allow-list's files, the secrets' restrictions).
+    pub fn check(&self, req: &Request) -> Result<Decision, String> {
+        let file = self.path.display();
+        let home = home();
+        let home_text = home.as_ref().map(|h| h.to_string_lossy().into_owned());
+        let mut a = analyze(req.argv, req.shell, home_text.as_deref());
+        if let Some(env) = req.env {
+            for k in env.keys() {
+                if analysis::hijacks(k) {
+                    a.unknown
+                        .push(format!("{k} is set, which changes what programs run"));
+                }
+                a.assigned.insert(k.clone());
+            }
+        }
+        let c = &self.file.commands;
+        let roots = &self.file.dirs.roots;
+        let deny = |rule: String| Ok(Decision::Deny { rule });
+
+        // Named programs, then patterns, anywhere in the command.
+        for e in &a.execs {
+            if let (Some(name), Some(program)) = (e.name(), e.program()) {
+                let hit = c.deny.iter().find(|d| {
+                    if d.contains('/') {
+                        glob(d, &program)
+                    } else {
+                        glob(d, &name)
+                    }
+                });
+                if let Some(d) = hit {
+                    return deny(format!(
+                        "commands.deny {d:?} matches {} ({file})",
+                        e.describe()
+                    ));
+                }
+            }
+        }
+        for e in &a.execs {
+            if let Some(p) = self
+                .deny_patterns
+                .iter()
+                .find(|p| p.matches(e, home.as_deref(), roots))
+            {
+                return deny(format!(
+                    "commands.deny_patterns {:?} matches {} ({file})",
+                    p.text,
+                    shown_argv(e)
+                ));
+            }
+        }
+        let cwd = self.directory(req.cwd, home.as_deref())?;
+        let cwd = match cwd {
+            Ok(cwd) => cwd,
+            Err(rule) => return deny(rule),
+        };
+        if !c.allow.is_empty() {
+            if let Some(rule) = self.not_allowed(&c.allow, &mut a, &cwd, "commands.allow", false) {
+                return deny(rule);
+            }
+        }
+        let strict = !c.deny.is_empty() || !self.deny_patterns.is_empty() || !c.allow.is_empty();
+        let mut confirm: Option<String> = None;
+        if !a.unknown.is_empty() {
+            let why = a.unknown.join("; ");
+            if strict {
+                return deny(format!(
+                    "what it runs cannot be known before it runs ({why}), and with deny or allow rules in force such a command is denied ({file})"
+                ));
+            }
+            confirm = Some(format!(
+                "what it runs cannot be known before it runs ({why})"
+            ));
+        }
+        // Restrictions the owner put on the secrets it uses.
+        let secrets = self
+            .config_dir()
+            .map(crate::secrets::restrictions)
+            .unwrap_or_default();
+        for name in req.secrets() {
+            let Some(r) = secrets.get(&name) else {
+                continue;
+            };
+            if !r.allow_programs.is_empty() {
+                let key = format!(
+                    "the restriction on secret {name} (byomd secret set {name} --allow-program …)"
+                );
+                if let Some(rule) = self.not_allowed(&r.allow_programs, &mut a, &cwd, &key, true) {
+                    return deny(rule);
+                }
+                if !a.unknown.is_empty() {
+                    return deny(format!(
+                        "secret {name} may only be used by {}, and what this command runs cannot be known before it runs",
+                        r.allow_programs.join(", ")
+                    ));
+                }
+            }
+            if r.confirm && confirm.is_none() {
+                confirm = Some(format!(
+                    "secret {name} is used (byomd secret set {name} --confirm)"
+                ));
+            }
+        }
+        if req.from_agent() {
+            match self.file.agents.commands {
+                AgentCommands::Allow => {}
+                AgentCommands::Deny => {
+                    return deny(format!("agents.commands = \"deny\" ({file})"));
+                }
+                AgentCommands::Confirm => {
+                    confirm
+                        .get_or_insert_with(|| format!("agents.commands = \"confirm\" ({file})"));
+                }
+            }
+        }
+        if confirm.is_none() {
+            'find: for e in &a.execs {
+                for p in &self.confirm {
+                    if p.matches(e, home.as_deref(), roots) {
+                        confirm = Some(format!("commands.confirm {:?} ({file})", p.text));
+                        break 'find;
+                    }
+                }
+            }
+        }
+        let mut scrub: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .chain(req.env.into_iter().flat_map(|e| e.keys().cloned()))
+            .filter(|k| self.file.env.scrub.iter().any(|p| glob(p, k)))
+            .collect();
+        scrub.sort();
+        scrub.dedup();
+        let timeout = match (req.timeout, self.max_runtime) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(Decision::Allow {
+            cwd,
+            timeout,
+            scrub,
+            confirm,
+            run_as: self.run_as.clone(),
+        })
+    }
+
+    /// The working directory: Ok(Ok(dir)), Ok(Err(deny rule)), or Err when
+    /// it does not exist.
+    fn directory(&self, cwd: &str, home: Option<&Path>) -> Result<Result<PathBuf, String>, String> {
+        let roots: Vec<PathBuf> = self
+            .file
+            .dirs
+            .roots
+            .iter()
+            .filter_map(|r| expand(r, home))
+            .map(|r| std::fs::canonicalize(&r).unwrap_or(r))
+            .collect();
+        let wanted = if cwd.is_empty() {
+            match roots.first() {
+                Some(r) => r.clone(),
+                None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+            }
+        } else {
+            expand(cwd, home).ok_or_else(|| "cannot expand ~: HOME is not set".to_string())?
+        };
+        let real = std::fs::canonicalize(&wanted).map_err(|_| {
+            format!(
+                "working directory {} does not exist on this machine",
+                wanted.display()
+            )
+        })?;
+        if !real.is_dir() {
+            return Err(format!("{} is not a directory", real.display()));
+        }
+        if !roots.is_empty() && !roots.iter().any(|r| real.starts_with(r)) {
+            return Ok(Err(format!(
+                "directory {} is outside dirs.roots {:?} ({})",
+                real.display(),
+                self.file.dirs.roots,
+                self.path.display()
+            )));
+        }
+        Ok(Ok(real))
+    }
+
+    /// Checks every program against an allow-list of names and paths, on
+    /// the files they resolve to; Some(rule) names the first that fails.
+    /// Makes a changed PATH or directory unknowable (names move with them).
+    /// With `builtins`, shell builtins must be listed too (by name): a
+    /// secret given to `echo` can go anywhere.
+    fn not_allowed(
+        &self,
+        list: &[String],
+        a: &mut Analysis,
+        cwd: &Path,
+        key: &str,
+        builtins: bool,
+    ) -> Option<String> {
+        let path = std::env::var("PATH").unwrap_or_default();
+        if a.assigned.contains("PATH") {
+            a.unknown
+                .push("PATH is changed, so which file a name runs is not known".into());
+        }
+        let home = home();
+        let allowed: Vec<(String, PathBuf)> = list
+            .iter()
+            .filter_map(|entry| {
+                let file = if entry.contains('/') || entry.starts_with('~') {
+                    expand(entry, home.as_deref()).and_then(|p| std::fs::canonicalize(p).ok())
+                } else {
+                    resolve(entry, &path, cwd)
+                };
+                file.map(|f| (analysis::base(entry).to_string(), f))
+            })
+            .collect();
+        for e in a.execs.iter().filter(|e| builtins || !e.builtin) {
+            let Some(program) = e.program() else {
+                continue;
+            };
+            if e.builtin {
+                if !list.iter().any(|n| n == &program) {
+                    return Some(format!(
+                        "{} is not in {key} ({})",
+                        e.describe(),
+                        self.path.display()
+                    ));
+                }
+                continue;
+            }
+            if !program.starts_with('/') && program.contains('/') && a.changes_dir {
+                a.unknown.push(format!(
+                    "{program} is a relative path in a line that changes directory"
+                ));
+                continue;
+            }
+            let name = analysis::base(&program);
+            let ok = resolve(&program, &path, cwd)
+                .is_some_and(|file| allowed.iter().any(|(n, f)| *f == file && n == name));
+            if !ok {
+                return Some(format!(
+                    "{} is not in {key} ({})",
+                    e.describe(),
+                    self.path.display()
+                ));
+            }
+        }
+        None
+    }
+}
+
+fn shown_argv(e: &Exec) -> String {
+    let words: Vec<String> = e.argv.iter().map(|a| a.shown()).collect();
+    let mut s = words.join(" ");
+    if s.chars().count() > 120 {
+        s = s.chars().take(120).collect::<String>() + "…";
+    }
+    if e.via.is_empty() {
+        s
+    } else {
+        format!("{s} (run by {})", e.via.join(" → "))
+    }
+}
+
+#[cfg(test)]
+mod tests;
