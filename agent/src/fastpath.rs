@@ -11,6 +11,12 @@
 //!
 //! A source without rules is `candidate`, bots excepted. [`decide`] is a
 //! pure function of the rules and the trigger.
+//!
+//! The owner's natural-language policies (`byom policy add`) that need no
+//! judgement ("ignore messages from bob", "ignore the thread deploys",
+//! "ignore messages containing \"lgtm\"") are compiled here into
+//! [`CodeRule`]s and apply to every trigger, those passed straight to a
+//! subscribed worker included; the others are the model's to follow.
 
 use std::collections::HashMap;
 
@@ -45,6 +51,137 @@ impl Rules {
     pub fn parse(text: &str) -> Result<Rules, String> {
         toml::from_str(text).map_err(|e| e.to_string().trim().to_string())
     }
+}
+
+/// A policy that needs no judgement, enforced in code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodeRule {
+    IgnoreUser(String),
+    IgnoreSource(String),
+    /// A thread by its channel name or its `thr_…` ID.
+    IgnoreThread(String),
+    /// Messages containing this text (case-insensitive).
+    IgnoreText(String),
+}
+
+impl CodeRule {
+    /// Compiles a policy's text if it says exactly one of the rules above;
+    /// anything more ("…unless", "…on weekdays") is left to judgement.
+    pub fn compile(text: &str) -> Option<CodeRule> {
+        let t = text.trim().trim_end_matches(['.', '!']).trim();
+        let lower = t.to_lowercase();
+        let rest = lower.strip_prefix("ignore ")?;
+        let orig_rest = &t[t.len() - rest.len()..];
+        // What is ignored: "messages", "all messages", "everything", …
+        let mut words = rest.split_whitespace().peekable();
+        let mut taken = 0usize;
+        let skip = |w: &str| {
+            matches!(
+                w,
+                "all"
+                    | "any"
+                    | "every"
+                    | "the"
+                    | "messages"
+                    | "message"
+                    | "triggers"
+                    | "events"
+                    | "everything"
+                    | "anything"
+                    | "posts"
+                    | "comments"
+            )
+        };
+        while let Some(w) = words.peek() {
+            if skip(w) {
+                taken += 1;
+                words.next();
+            } else {
+                break;
+            }
+        }
+        let all: Vec<&str> = rest.split_whitespace().collect();
+        let orig: Vec<&str> = orig_rest.split_whitespace().collect();
+        let tail = &all[taken..];
+        let orig_tail = &orig[taken.min(orig.len())..];
+        let name = |i: usize| -> Option<String> {
+            if orig_tail.len() != i + 1 {
+                return None;
+            }
+            let n = orig_tail[i]
+                .trim_matches(|c| matches!(c, '"' | '\'' | '`'))
+                .trim_start_matches(['@', '#']);
+            let ok = !n.is_empty()
+                && n.len() <= 200
+                && n.chars()
+                    .all(|c| c.is_alphanumeric() || "._-:@/".contains(c));
+            ok.then(|| n.to_string())
+        };
+        match tail {
+            ["from", "user" | "users", _] => name(2).map(CodeRule::IgnoreUser),
+            ["from", "source" | "channel", _] | ["source" | "channel", _] => {
+                name(tail.len() - 1).map(CodeRule::IgnoreSource)
+            }
+            ["from", "thread", _] | ["on", "thread", _] | ["in", "thread", _] | ["thread", _] => {
+                name(tail.len() - 1).map(CodeRule::IgnoreThread)
+            }
+            ["from", _] => name(1).map(CodeRule::IgnoreUser),
+            ["containing" | "matching" | "with", ..] | ["that", "contain", ..] => {
+                let at = if tail[0] == "that" { 2 } else { 1 };
+                let quoted = orig_tail[at..].join(" ");
+                let q = quoted.trim();
+                let inner = q
+                    .strip_prefix('"')
+                    .and_then(|x| x.strip_suffix('"'))
+                    .or_else(|| q.strip_prefix('\'').and_then(|x| x.strip_suffix('\'')))
+                    .or_else(|| (!q.contains(char::is_whitespace)).then_some(q))?;
+                (!inner.is_empty() && inner.len() <= 200 && !inner.contains('"'))
+                    .then(|| CodeRule::IgnoreText(inner.to_lowercase()))
+            }
+            _ => None,
+        }
+    }
+
+    /// What it does, for `byom policy ls`.
+    pub fn describe(&self) -> String {
+        match self {
+            CodeRule::IgnoreUser(u) => format!("in code: every message from user {u} is ignored"),
+            CodeRule::IgnoreSource(s) => {
+                format!("in code: every message from source {s} is ignored")
+            }
+            CodeRule::IgnoreThread(t) => format!("in code: every message on thread {t} is ignored"),
+            CodeRule::IgnoreText(x) => {
+                format!("in code: every message containing {x:?} is ignored")
+            }
+        }
+    }
+
+    /// Whether it ignores `t` (on the thread named `external` in its
+    /// channel).
+    pub fn ignores(&self, t: &pb::Trigger, external: &str) -> bool {
+        match self {
+            CodeRule::IgnoreUser(u) => t.user.trim_start_matches('@').eq_ignore_ascii_case(u),
+            CodeRule::IgnoreSource(s) => t.source.eq_ignore_ascii_case(s),
+            CodeRule::IgnoreThread(th) => {
+                t.thread_id == *th || external.trim_start_matches('#').eq_ignore_ascii_case(th)
+            }
+            CodeRule::IgnoreText(x) => t.text.to_lowercase().contains(x.as_str()),
+        }
+    }
+}
+
+/// The first code rule among `policies` (id, text) that ignores `t`:
+/// the reason to store.
+pub fn ignored_by_policy(
+    policies: &[(String, String)],
+    t: &pb::Trigger,
+    external: &str,
+) -> Option<String> {
+    policies.iter().find_map(|(id, text)| {
+        let rule = CodeRule::compile(text)?;
+        rule.ignores(t, external)
+            .then(|| format!("policy {id} ({text})"))
+    })
 }
 
 /// The fast path: (decision, reason).
@@ -143,6 +280,63 @@ mod tests {
             decide(&rules, &ev("chat", "ci-bot", false, true)).0,
             TriggerDecision::Ignored
         );
+    }
+
+    #[test]
+    fn policies_that_need_no_judgement_compile() {
+        use CodeRule::*;
+        for (text, want) in [
+            ("ignore messages from bob", Some(IgnoreUser("bob".into()))),
+            (
+                "Ignore all messages from @Bob.",
+                Some(IgnoreUser("Bob".into())),
+            ),
+            ("ignore bob", None),
+            (
+                "ignore everything from user ci-bot",
+                Some(IgnoreUser("ci-bot".into())),
+            ),
+            ("ignore the source ci", Some(IgnoreSource("ci".into()))),
+            (
+                "ignore messages from channel slack",
+                Some(IgnoreSource("slack".into())),
+            ),
+            ("ignore thread #random", Some(IgnoreThread("random".into()))),
+            (
+                "ignore messages in thread thr_01",
+                Some(IgnoreThread("thr_01".into())),
+            ),
+            (
+                "ignore messages containing \"LGTM\"",
+                Some(IgnoreText("lgtm".into())),
+            ),
+            (
+                "ignore messages that contain 'please ignore'",
+                Some(IgnoreText("please ignore".into())),
+            ),
+            ("ignore messages from bob unless he asks for help", None),
+            (
+                "Ignore messages in #random unless someone asks for help",
+                None,
+            ),
+            ("reply in French", None),
+            ("ignore messages containing two words", None),
+        ] {
+            assert_eq!(CodeRule::compile(text), want, "{text}");
+        }
+        let t = pb::Trigger {
+            user: "bob".into(),
+            source: "chat".into(),
+            thread_id: "thr_9".into(),
+            text: "Please run hostname".into(),
+            ..Default::default()
+        };
+        let pol = |text: &str| vec![("pol_1".to_string(), text.to_string())];
+        assert!(ignored_by_policy(&pol("ignore messages from BOB"), &t, "ops").is_some());
+        assert!(ignored_by_policy(&pol("ignore messages from ada"), &t, "ops").is_none());
+        assert!(ignored_by_policy(&pol("ignore thread ops"), &t, "#ops").is_some());
+        assert!(ignored_by_policy(&pol("ignore messages containing hostname"), &t, "x").is_some());
+        assert!(ignored_by_policy(&pol("be polite to bob"), &t, "x").is_none());
     }
 
     proptest! {

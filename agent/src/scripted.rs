@@ -495,8 +495,16 @@ fn worker_rules(req: &Request) -> Vec<(String, Value)> {
         return calls;
     }
     let events = elements(&msg.text, "event");
+    let policies = current_policies(req);
     for e in &events {
         if let Some(trg) = e.attrs.get("trigger") {
+            if policies
+                .iter()
+                .any(|p| policy_ignores(p, attr(e, "user"), &e.body))
+            {
+                // The owner said to ignore it: nothing to do.
+                continue;
+            }
             let p = plan(&e.body, &machine);
             if has_word(&e.body, CANCEL) || p.is_empty() {
                 calls.push(("bounce".into(), json!({"trigger": trg})));

@@ -152,6 +152,10 @@ pub struct WorkerState {
     pub updated_ms: Ms,
     pub usage: Usage,
     pub dropped_turns: u64,
+    /// The owner's policies as last shown to it (with a pass-through
+    /// trigger).
+    #[serde(default)]
+    pub policies_shown: Vec<String>,
 }
 
 /// Where an approval stands. Stored as its lower-case name.

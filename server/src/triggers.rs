@@ -127,7 +127,18 @@ impl Triggers {
             created_at_ms: now,
             ..Default::default()
         };
-        let (decision, reason) = fastpath::decide(&self.rules, &t);
+        // The owner's policies that need no judgement hold for every
+        // trigger, those a subscribed worker would get directly included.
+        let policies: Vec<(String, String)> = store
+            .list_policies()?
+            .into_iter()
+            .map(|p| (p.id, p.text))
+            .collect();
+        let (decision, reason) = match fastpath::ignored_by_policy(&policies, &t, &thread.external)
+        {
+            Some(why) => (TriggerDecision::Ignored, why),
+            None => fastpath::decide(&self.rules, &t),
+        };
         t.set_decision(decision);
         t.reason = reason;
         // Stored before anything else happens, together with its place in

@@ -401,6 +401,55 @@ fn policies_steer_the_router() {
     });
     assert!(replies(&server, "q1").is_empty());
     assert_eq!(tasks(&server).len(), 1);
+    // Ignored in code, before any agent: the trigger says which policy.
+    let ls = server.json(&["policy", "ls"]);
+    assert!(
+        ls[0]["enforced"]
+            .as_str()
+            .unwrap()
+            .contains("user bob is ignored"),
+        "{ls}"
+    );
+}
+
+/// "ignore messages from bob" holds on a thread a worker is subscribed to:
+/// bob's message never reaches it (the review saw it run `hostname`).
+/// A policy that needs judgement reaches that worker with the trigger.
+#[test]
+fn policies_hold_on_threads_passed_to_workers() {
+    let (_dir, server, _d) = setup(&[]);
+    say_on(&server, "chat", "p1", "ada", "please run `sleep 5` on lap");
+    wait_replies(&server, "p1", 1);
+    wait_for("a subscribed worker", T, || {
+        (!tasks(&server).is_empty()).then_some(())
+    });
+    let out = server.byom(&["policy", "add", "ignore messages from bob"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("in code"), "{}", stdout(&out));
+    let out = server.byom(&["policy", "add", "be brief with carol"]);
+    assert!(stdout(&out).contains("judgement"), "{}", stdout(&out));
+    let bob = say_on(&server, "chat", "p1", "bob", "please run `hostname` on lap");
+    assert_eq!(bob["decision"], "ignored", "{bob}");
+    assert!(bob["reason"].as_str().unwrap().contains("pol_"), "{bob}");
+    say_on(
+        &server,
+        "chat",
+        "p1",
+        "ada",
+        "also run `echo ada-too` on lap",
+    );
+    wait_for("ada's command", T, || {
+        (!commands_with(&server, "echo ada-too").is_empty()).then_some(())
+    });
+    assert!(
+        commands_with(&server, "hostname").is_empty(),
+        "bob's message ran"
+    );
+    let t = &tasks(&server)[0];
+    let w = server.json(&["workers", "show", t["id"].as_str().unwrap()]);
+    let text = w.to_string();
+    assert!(text.contains("be brief with carol"), "{text}");
+    assert!(!text.contains("`hostname`"), "{text}");
 }
 
 /// A provider endpoint on loopback speaking the OpenAI Chat Completions or

@@ -77,6 +77,20 @@ pub(super) fn item_thread(it: &RouterItem) -> Option<String> {
 }
 
 /// What the Router is told about a trigger a worker took directly.
+/// The owner's policies, as the Router and pass-through workers see them.
+pub(super) fn policies(policies: &[String]) -> String {
+    let mut text = String::from("Policies now in force:\n");
+    if policies.is_empty() {
+        text.push_str("(none)");
+    }
+    let lines: Vec<String> = policies
+        .iter()
+        .map(|p| format!("- {}", escape(p)))
+        .collect();
+    text.push_str(&lines.join("\n"));
+    text
+}
+
 pub(super) fn observed(t: &TriggerInfo, workers: &[String]) -> String {
     format!(
         "{} on {} from {} went to {}: {}",

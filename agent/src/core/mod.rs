@@ -113,7 +113,7 @@ impl Core {
     pub fn handle(&mut self, world: &mut dyn World, ev: Event) -> Vec<Effect> {
         self.now = world.now();
         match ev {
-            Event::Trigger(t) => self.on_trigger(t),
+            Event::Trigger(t) => self.on_trigger(world, t),
             Event::ModelDone {
                 session,
                 turn,

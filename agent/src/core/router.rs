@@ -19,7 +19,7 @@ use crate::world::World;
 use byom_protocol::id::Kind;
 
 impl Core {
-    pub(super) fn on_trigger(&mut self, t: TriggerInfo) {
+    pub(super) fn on_trigger(&mut self, world: &mut dyn World, t: TriggerInfo) {
         let open_approval = self
             .records
             .approvals()
@@ -47,7 +47,20 @@ impl Core {
             r.observed.pop_front();
         }
         let line = markup::trigger(&t, self.budgets.trigger_chars);
+        // The owner's policies reach the worker too: the Router does not
+        // see this trigger before it acts.
+        let policies = world.policies();
         for w in &subs {
+            let changed = self
+                .records
+                .worker(w)
+                .is_some_and(|ws| ws.policies_shown != policies);
+            if changed {
+                self.worker_input(w, markup::policies(&policies));
+                if let Some(ws) = self.records.live_worker_mut(w) {
+                    ws.policies_shown = policies.clone();
+                }
+            }
             self.worker_input(w, line.clone());
         }
     }
@@ -68,13 +81,8 @@ impl Core {
         let items: Vec<RouterItem> = r.queue.take_front(n);
         let mut text = String::new();
         if policies != r.policies_shown {
-            text.push_str("Policies now in force:\n");
-            if policies.is_empty() {
-                text.push_str("(none)\n");
-            }
-            for p in &policies {
-                text.push_str(&format!("- {}\n", prompt::escape(p)));
-            }
+            text.push_str(&markup::policies(&policies));
+            text.push('\n');
             r.policies_shown = policies;
         }
         if machines != r.machines_shown {

@@ -289,6 +289,30 @@ fn worker_step(
     )
 }
 
+/// A trigger passed straight to a subscribed worker brings the owner's
+/// policies with it (once, and again when they change).
+#[test]
+fn pass_through_workers_see_the_policies() {
+    let mut core = Core::new(Budgets::default());
+    let mut w = TestWorld::new();
+    let id = with_worker(&mut core, &mut w);
+    w.policies = vec!["be brief with bob (pol_1)".into()];
+    core.handle(&mut w, trig("trg_2", "thr_1", "more"));
+    core.handle(&mut w, trig("trg_3", "thr_1", "and more"));
+    let all = |core: &Core| {
+        let ws = &core.workers()[&id];
+        let mut text: Vec<String> = ws.inbox.clone();
+        text.extend(ws.conversation.messages().iter().map(|m| m.text.clone()));
+        text.join("\n")
+    };
+    let text = all(&core);
+    assert_eq!(text.matches("Policies now in force:").count(), 1, "{text}");
+    assert!(text.contains("- be brief with bob (pol_1)"), "{text}");
+    w.policies.push("reply in French (pol_2)".into());
+    core.handle(&mut w, trig("trg_4", "thr_1", "again"));
+    assert!(all(&core).contains("reply in French"));
+}
+
 #[test]
 fn unsubscribing_sends_the_thread_back_to_the_router() {
     let mut core = Core::new(Budgets::default());

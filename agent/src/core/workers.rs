@@ -66,6 +66,7 @@ impl Core {
             status: WorkerStatus::Running,
             conversation: Conversation::default(),
             inbox: vec![head],
+            policies_shown: Vec::new(),
             in_flight: None,
             turn: 0,
             steps: 0,

@@ -25,7 +25,8 @@ pub enum PolicyCmd {
 }
 
 fn policy_json(p: &pb::RouterPolicy) -> Value {
-    json!({"id": p.id, "text": p.text, "created_at": time(p.created_at_ms), "created_by": p.created_by})
+    json!({"id": p.id, "text": p.text, "created_at": time(p.created_at_ms), "created_by": p.created_by,
+           "enforced": if p.enforced.is_empty() { "by the agents' judgement" } else { p.enforced.as_str() }})
 }
 
 pub async fn run(c: &mut Client, cmd: PolicyCmd) -> anyhow::Result<i32> {
@@ -47,6 +48,13 @@ pub async fn run(c: &mut Client, cmd: PolicyCmd) -> anyhow::Result<i32> {
                 print_json(&policy_json(&p));
             } else {
                 println!("added {}", p.id);
+                if p.enforced.is_empty() {
+                    println!(
+                        "  the Router (and workers on subscribed threads) follow it with judgement"
+                    );
+                } else {
+                    println!("  {} (before any agent sees it)", p.enforced);
+                }
             }
         }
         PolicyCmd::Ls { json } => {
@@ -58,7 +66,7 @@ pub async fn run(c: &mut Client, cmd: PolicyCmd) -> anyhow::Result<i32> {
                 print_json(&Value::Array(r.policies.iter().map(policy_json).collect()));
             } else {
                 table(
-                    &["ID", "ADDED", "BY", "POLICY"],
+                    &["ID", "ADDED", "BY", "ENFORCED", "POLICY"],
                     r.policies
                         .iter()
                         .map(|p| {
@@ -66,7 +74,13 @@ pub async fn run(c: &mut Client, cmd: PolicyCmd) -> anyhow::Result<i32> {
                                 p.id.clone(),
                                 ago(p.created_at_ms),
                                 or_dash(&p.created_by),
-                                p.text.clone(),
+                                if p.enforced.is_empty() {
+                                    "judgement"
+                                } else {
+                                    "code"
+                                }
+                                .into(),
+                                super::output::safe(&p.text),
                             ]
                         })
                         .collect(),

@@ -126,6 +126,7 @@ impl Api {
         let now = byom_wire::now_ms();
         let p = pb::RouterPolicy {
             id: byom_protocol::id::PolicyId::new(now).to_string(),
+            enforced: super::enforcement(&text),
             text,
             created_at_ms: now,
             created_by: by,

@@ -157,6 +157,13 @@ pub async fn serve(api: Api, listener: TcpListener, tls: rustls::ServerConfig) {
     }
 }
 
+/// How a Router policy is enforced: by code when it needs no judgement.
+fn enforcement(text: &str) -> String {
+    byom_agent::fastpath::CodeRule::compile(text)
+        .map(|r| r.describe())
+        .unwrap_or_default()
+}
+
 fn store_err(e: StoreError) -> Status {
     match e {
         StoreError::NotFound(x) => Status::not_found(format!("{x} not found")),
@@ -376,7 +383,10 @@ impl Admin for Api {
         &self,
         _: Request<pb::ListPoliciesRequest>,
     ) -> Reply<pb::ListPoliciesResponse> {
-        let policies = self.store.list_policies().map_err(store_err)?;
+        let mut policies = self.store.list_policies().map_err(store_err)?;
+        for p in &mut policies {
+            p.enforced = enforcement(&p.text);
+        }
         Ok(Response::new(pb::ListPoliciesResponse { policies }))
     }
 
