@@ -20,6 +20,7 @@
 mod admin;
 mod agents;
 mod commands;
+mod gate;
 mod gateway;
 mod idempotency;
 mod identity;

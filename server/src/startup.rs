@@ -68,10 +68,14 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 const IDEMPOTENCY_SWEEP_EVERY: u64 = 720;
 /// Ephemeral QUIC ports tried for one whose TCP twin is free too.
 const MATCHING_PORT_TRIES: usize = 64;
-/// TLS handshakes on the TCP fallback in progress at once.
-const MAX_TUNNEL_HANDSHAKES: usize = 256;
-/// Longest a TCP fallback handshake may take.
-const TUNNEL_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a TCP fallback's TLS handshake may take.
+const TUNNEL_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Then how soon a QUIC connection must be established over it.
+const TUNNEL_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(5);
+/// A tunnel that carries nothing this long is closed (QUIC keeps a live
+/// one busy with keep-alives).
+const TUNNEL_IDLE_TIMEOUT: Duration =
+    Duration::from_secs(2 * byom_protocol::limits::QUIC_IDLE_TIMEOUT.as_secs());
 /// How long tasks get to finish at shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
@@ -199,6 +203,12 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         .with_context(|| format!("cannot read or write {}", webhook_path.display()))?;
     let identity = Arc::new(identity(&opts, &store, quic_addr)?);
 
+    // Every connection is a file: use all the kernel allows, and size the
+    // pre-authentication gates so strangers can never take all of them.
+    let open_files = crate::gate::raise_open_files();
+    let gates = crate::gate::Gates::new(open_files);
+    tracing::info!(open_files, "open-file limit");
+
     // The handles: each task gets the ones it needs.
     let shutdown = CancellationToken::new();
     let live = Arc::new(LiveMachines::default());
@@ -261,10 +271,13 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let quic_transport = Arc::new(Transport {
         name: "quic",
         tunnel: None,
+        gate: Some(gates.quic.clone()),
     });
+    // Tunnels are admitted through their own gate before QUIC starts.
     let tcp_transport = Arc::new(Transport {
         name: "tcp",
         tunnel: Some(tunnel.clone()),
+        gate: None,
     });
     let gw_quic = tokio::spawn(crate::gateway::serve(
         gw.clone(),
@@ -284,12 +297,14 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let webhooks = tokio::spawn(crate::webhook::serve(
         hooks,
         bound.webhook,
+        gates.webhooks.clone(),
         shutdown.clone(),
     ));
     let tcp_accept = tokio::spawn(accept_tunnels(
         bound.tcp,
         outer_tls,
         tunnel,
+        gates.tunnels.clone(),
         shutdown.clone(),
     ));
     let api = crate::admin::Api {
@@ -302,7 +317,12 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         idem: idem.clone(),
         shutdown: shutdown.clone(),
     };
-    let api = tokio::spawn(crate::admin::serve(api, bound.api, api_tls));
+    let api = tokio::spawn(crate::admin::serve(
+        api,
+        bound.api,
+        api_tls,
+        gates.api.clone(),
+    ));
     let sweeper = tokio::spawn(sweep(commands.clone(), idem, shutdown.clone()));
     let agents = tokio::spawn(driver::run(
         driver::Handles {
@@ -399,15 +419,18 @@ fn agent_config(opts: &ServerOptions) -> anyhow::Result<AgentConfig> {
 }
 
 /// Accepts TLS-over-TCP connections and attaches each to the tunnel socket
-/// the second QUIC endpoint reads from.
+/// the second QUIC endpoint reads from. Tunnels need no client certificate
+/// at this outer layer, so each is a stranger's until QUIC is established
+/// over it: admitted through `gate`, closed if its TLS or QUIC handshake
+/// does not finish in time, and evicted first when the gate is full.
 async fn accept_tunnels(
     listener: tokio::net::TcpListener,
     tls: rustls::ServerConfig,
     tunnel: Arc<byom_wire::tunnel::StreamSocket>,
+    gate: Arc<crate::gate::Gate>,
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_TUNNEL_HANDSHAKES));
     loop {
         let (tcp, remote) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -415,26 +438,49 @@ async fn accept_tunnels(
                 Ok(x) => x,
                 Err(e) => {
                     tracing::warn!("TCP fallback accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(crate::gate::ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
         };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
+        let Ok(ticket) = gate.admit(remote.ip()) else {
             continue;
         };
         let acceptor = acceptor.clone();
         let tunnel = tunnel.clone();
         tokio::spawn(async move {
             let _ = tcp.set_nodelay(true);
-            let tls =
-                match tokio::time::timeout(TUNNEL_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            let handshake = tokio::time::timeout(TUNNEL_HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+            let tls = tokio::select! {
+                r = handshake => match r {
                     Ok(Ok(t)) => t,
                     _ => return,
-                };
-            drop(permit);
+                },
+                _ = ticket.evicted() => return,
+            };
             tracing::debug!(%remote, "TCP fallback connection");
-            tunnel.attach(tls, remote.to_string());
+            let limits = byom_wire::tunnel::StreamLimits {
+                establish_within: Some(TUNNEL_ESTABLISH_TIMEOUT),
+                idle: Some(TUNNEL_IDLE_TIMEOUT),
+            };
+            let mut att = tunnel.attach_limited(tls, remote.to_string(), limits);
+            loop {
+                tokio::select! {
+                    _ = &mut att.closed => break,
+                    _ = ticket.evicted() => {
+                        tunnel.detach(&att.addr);
+                        break;
+                    }
+                    r = att.established.changed() => {
+                        if r.is_err() {
+                            break;
+                        }
+                        if *att.established.borrow() {
+                            ticket.established();
+                        }
+                    }
+                }
+            }
         });
     }
 }

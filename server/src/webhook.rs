@@ -21,8 +21,8 @@ use crate::triggers::Triggers;
 
 /// Largest webhook body accepted.
 pub const MAX_WEBHOOK_BYTES: usize = 1 << 20;
-/// Webhook connections served at once.
-const MAX_WEBHOOK_CONNECTIONS: usize = 256;
+/// Longest a client may take to send a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a webhook connection may stay open.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 pub const SIGNATURE_HEADER: &str = "x-byom-signature";
@@ -177,27 +177,49 @@ async fn handle(
     }
 }
 
-/// Serves webhooks on `listener` until shutdown.
-pub async fn serve(hooks: Hooks, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
-    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_WEBHOOK_CONNECTIONS));
+/// Serves webhooks on `listener` until shutdown. Connections are admitted
+/// through `gate`: one whose request headers have not arrived yet is a
+/// stranger's, closed after HEADER_TIMEOUT and the first to go when the
+/// gate is full, so slow-header connections cannot keep real posts out.
+pub async fn serve(
+    hooks: Hooks,
+    listener: tokio::net::TcpListener,
+    gate: Arc<crate::gate::Gate>,
+    shutdown: CancellationToken,
+) {
     loop {
-        let (tcp, _) = tokio::select! {
+        let (tcp, remote) = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("webhook accept failed: {e}");
+                    tokio::time::sleep(crate::gate::ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
         };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
+        let Ok(ticket) = gate.admit(remote.ip()) else {
             continue;
         };
         let hooks = hooks.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let ticket = Arc::new(ticket);
+            let t = ticket.clone();
             let svc = hyper::service::service_fn(move |req| {
+                // Headers arrived: a client now.
+                t.established();
                 let hooks = hooks.clone();
                 async move { Ok::<_, Infallible>(handle(hooks, req).await) }
             });
-            let conn =
-                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc);
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(tcp), svc);
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn) => {}
+                _ = ticket.evicted() => {}
+            }
         });
     }
 }

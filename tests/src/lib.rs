@@ -90,6 +90,9 @@ pub struct Server {
     pub tcp_addr: SocketAddr,
     pub webhook_addr: SocketAddr,
     pub extra_args: Vec<String>,
+    /// The server's open-file limit (soft and hard), if set: a host with
+    /// the common 1,024.
+    pub nofile: Option<u64>,
     /// Environment for the server process only (never this process's:
     /// tests run in parallel threads).
     pub env: Vec<(String, String)>,
@@ -113,10 +116,28 @@ impl Server {
             tcp_addr: "127.0.0.1:0".parse().unwrap(),
             webhook_addr: "127.0.0.1:0".parse().unwrap(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            nofile: None,
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+        };
+        s.launch();
+        s
+    }
+
+    /// A server that may open at most `nofile` files (soft and hard limit).
+    pub fn start_limited(dir: &Path, nofile: u64) -> Server {
+        let mut s = Server {
+            child: None,
+            data_dir: dir.join("server"),
+            quic_addr: "127.0.0.1:0".parse().unwrap(),
+            api_addr: "127.0.0.1:0".parse().unwrap(),
+            tcp_addr: "127.0.0.1:0".parse().unwrap(),
+            webhook_addr: "127.0.0.1:0".parse().unwrap(),
+            extra_args: Vec::new(),
+            nofile: Some(nofile),
+            env: Vec::new(),
         };
         s.launch();
         s
@@ -130,7 +151,24 @@ impl Server {
             .append(true)
             .open(self.data_dir.join("../server.log"))
             .unwrap();
-        let child = Command::new(bin("byom"))
+        let mut cmd = Command::new(bin("byom"));
+        if let Some(n) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit only, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .arg("server")
             .arg("--data-dir")
             .arg(&self.data_dir)

@@ -20,8 +20,10 @@ use std::task::{Context, Poll};
 
 use quinn::udp::{RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// Datagrams queued per direction and peer before new ones are dropped
 /// (QUIC treats a drop as loss and retransmits).
@@ -35,9 +37,37 @@ pub struct StreamSocket {
     local: SocketAddr,
     inbox_tx: mpsc::Sender<(SocketAddr, Vec<u8>)>,
     inbox: Mutex<mpsc::Receiver<(SocketAddr, Vec<u8>)>>,
-    peers: Mutex<HashMap<SocketAddr, mpsc::Sender<Vec<u8>>>>,
+    peers: Mutex<HashMap<SocketAddr, Peer>>,
     /// Real addresses of the streams, for logs and status.
     real: Mutex<HashMap<SocketAddr, String>>,
+}
+
+/// One attached stream, as the socket sees it.
+struct Peer {
+    out: mpsc::Sender<Vec<u8>>,
+    /// A QUIC connection was established over it.
+    established: watch::Sender<bool>,
+    /// Close it now.
+    kill: watch::Sender<bool>,
+}
+
+/// Bounds on a stream from a stranger (the server's side).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StreamLimits {
+    /// Closed unless [`StreamSocket::established`] is called this soon.
+    pub establish_within: Option<Duration>,
+    /// Closed after this long without a datagram from the other side.
+    pub idle: Option<Duration>,
+}
+
+/// What [`StreamSocket::attach_limited`] hands back.
+pub struct Attached {
+    /// The synthetic peer address quinn sees.
+    pub addr: SocketAddr,
+    /// Becomes true once a QUIC connection is established over it.
+    pub established: watch::Receiver<bool>,
+    /// Resolves when the stream is closed.
+    pub closed: oneshot::Receiver<()>,
 }
 
 impl fmt::Debug for StreamSocket {
@@ -77,6 +107,46 @@ impl StreamSocket {
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
+        self.attach_limited(stream, real, StreamLimits::default())
+            .addr
+    }
+
+    /// Marks the stream behind `peer` as carrying an established QUIC
+    /// connection (it is no longer closed for failing to establish one).
+    pub fn established(&self, peer: &SocketAddr) {
+        if let Some(p) = self
+            .peers
+            .lock()
+            .ok()
+            .and_then(|p| p.get(peer).map(|x| x.established.clone()))
+        {
+            let _ = p.send(true);
+        }
+    }
+
+    /// Closes the stream behind `peer` (its QUIC connection ended).
+    pub fn detach(&self, peer: &SocketAddr) {
+        if let Some(k) = self
+            .peers
+            .lock()
+            .ok()
+            .and_then(|p| p.get(peer).map(|x| x.kill.clone()))
+        {
+            let _ = k.send(true);
+        }
+    }
+
+    /// [`Self::attach`] for a stream from a stranger: closed if no QUIC
+    /// connection is established over it in time, or when it goes idle.
+    pub fn attach_limited<S>(
+        self: &Arc<Self>,
+        stream: S,
+        real: String,
+        limits: StreamLimits,
+    ) -> Attached
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
         let n = NEXT_PEER.fetch_add(1, Ordering::Relaxed);
         let addr = SocketAddr::new(
             Ipv6Addr::new(
@@ -93,8 +163,19 @@ impl StreamSocket {
             1,
         );
         let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(TUNNEL_QUEUE);
+        let (est_tx, est_rx) = watch::channel(false);
+        let (kill_tx, mut kill_rx) = watch::channel(false);
+        let (closed_tx, closed_rx) = oneshot::channel();
+        let mut est_wait = est_rx.clone();
         if let Ok(mut p) = self.peers.lock() {
-            p.insert(addr, out_tx);
+            p.insert(
+                addr,
+                Peer {
+                    out: out_tx,
+                    established: est_tx,
+                    kill: kill_tx,
+                },
+            );
         }
         if let Ok(mut r) = self.real.lock() {
             r.insert(addr, real);
@@ -106,7 +187,15 @@ impl StreamSocket {
             let reader = async {
                 let mut len = [0u8; 2];
                 loop {
-                    if rd.read_exact(&mut len).await.is_err() {
+                    let read = rd.read_exact(&mut len);
+                    let got = match limits.idle {
+                        Some(idle) => match tokio::time::timeout(idle, read).await {
+                            Ok(r) => r,
+                            Err(_) => return,
+                        },
+                        None => read.await,
+                    };
+                    if got.is_err() {
                         return;
                     }
                     let n = u16::from_be_bytes(len) as usize;
@@ -135,9 +224,22 @@ impl StreamSocket {
                     }
                 }
             };
+            let deadline = async {
+                if let Some(d) = limits.establish_within {
+                    if tokio::time::timeout(d, est_wait.wait_for(|e| *e))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                std::future::pending::<()>().await
+            };
             tokio::select! {
                 _ = reader => {}
                 _ = writer => {}
+                _ = deadline => {}
+                _ = kill_rx.wait_for(|k| *k) => {}
             }
             if let Ok(mut p) = me.peers.lock() {
                 p.remove(&addr);
@@ -145,8 +247,13 @@ impl StreamSocket {
             if let Ok(mut r) = me.real.lock() {
                 r.remove(&addr);
             }
+            let _ = closed_tx.send(());
         });
-        addr
+        Attached {
+            addr,
+            established: est_rx,
+            closed: closed_rx,
+        }
     }
 }
 
@@ -169,7 +276,7 @@ impl AsyncUdpSocket for StreamSocket {
             .peers
             .lock()
             .ok()
-            .and_then(|p| p.get(&t.destination).cloned())
+            .and_then(|p| p.get(&t.destination).map(|x| x.out.clone()))
         else {
             // The stream is gone: like a datagram to a dead host.
             return Ok(());
@@ -219,5 +326,67 @@ impl AsyncUdpSocket for StreamSocket {
 
     fn may_fragment(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(ms: u64) -> StreamLimits {
+        StreamLimits {
+            establish_within: Some(Duration::from_millis(ms)),
+            idle: Some(Duration::from_secs(60)),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_without_quic_is_closed_after_the_deadline() {
+        let sock = Arc::new(StreamSocket::new());
+        let (a, _b) = tokio::io::duplex(1024);
+        let att = sock.attach_limited(a, "x".into(), limits(50));
+        tokio::time::timeout(Duration::from_secs(5), att.closed)
+            .await
+            .expect("closed in time")
+            .unwrap();
+        assert!(sock.real_addr(&att.addr).is_none());
+    }
+
+    #[tokio::test]
+    async fn an_established_stream_stays_until_detached() {
+        let sock = Arc::new(StreamSocket::new());
+        let (a, _b) = tokio::io::duplex(1024);
+        let mut att = sock.attach_limited(a, "x".into(), limits(50));
+        sock.established(&att.addr);
+        assert!(*att.established.borrow_and_update());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), &mut att.closed)
+                .await
+                .is_err(),
+            "still open past the deadline"
+        );
+        sock.detach(&att.addr);
+        tokio::time::timeout(Duration::from_secs(5), att.closed)
+            .await
+            .expect("closed")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_idle_stream_is_closed() {
+        let sock = Arc::new(StreamSocket::new());
+        let (a, _b) = tokio::io::duplex(1024);
+        let att = sock.attach_limited(
+            a,
+            "x".into(),
+            StreamLimits {
+                establish_within: None,
+                idle: Some(Duration::from_millis(50)),
+            },
+        );
+        tokio::time::timeout(Duration::from_secs(5), att.closed)
+            .await
+            .expect("closed when idle")
+            .unwrap();
     }
 }

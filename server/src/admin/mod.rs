@@ -32,9 +32,9 @@ use crate::live::LiveMachines;
 use crate::pki::Role;
 use crate::triggers::Triggers;
 
-/// TLS handshakes in progress on the API port at once.
-const MAX_API_HANDSHAKES: usize = 256;
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a client may take to finish its TLS handshake (the CLI takes
+/// milliseconds); then its place may go to someone else.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Authenticated connections waiting to be served.
 const ACCEPT_QUEUE: usize = 16;
 
@@ -55,6 +55,8 @@ pub struct Api {
 pub struct AdminConn {
     tls: TlsStream<TcpStream>,
     admin: String,
+    /// Its place in the gate, held while the connection lives.
+    _ticket: crate::gate::Ticket,
 }
 
 /// Name from the admin certificate of the caller, in request extensions.
@@ -102,11 +104,17 @@ impl AsyncWrite for AdminConn {
     }
 }
 
-/// Serves the API on `listener` until shutdown.
-pub async fn serve(api: Api, listener: TcpListener, tls: rustls::ServerConfig) {
+/// Serves the API on `listener` until shutdown. Connections are admitted
+/// through `gate` (per address, and the oldest unfinished handshake makes
+/// room for a new one), so idle strangers cannot lock the CLI out.
+pub async fn serve(
+    api: Api,
+    listener: TcpListener,
+    tls: rustls::ServerConfig,
+    gate: Arc<crate::gate::Gate>,
+) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<AdminConn, std::io::Error>>(ACCEPT_QUEUE);
-    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_API_HANDSHAKES));
     let accept_shutdown = api.shutdown.clone();
     tokio::spawn(async move {
         loop {
@@ -114,32 +122,41 @@ pub async fn serve(api: Api, listener: TcpListener, tls: rustls::ServerConfig) {
                 _ = accept_shutdown.cancelled() => return,
                 r = listener.accept() => match r {
                     Ok(x) => x,
-                    Err(e) => { tracing::warn!("API accept failed: {e}"); tokio::time::sleep(Duration::from_millis(100)).await; continue; }
+                    Err(e) => { tracing::warn!("API accept failed: {e}"); tokio::time::sleep(crate::gate::ACCEPT_BACKOFF).await; continue; }
                 },
             };
-            let Ok(permit) = limit.clone().try_acquire_owned() else {
+            let Ok(ticket) = gate.admit(remote.ip()) else {
                 continue;
             };
             let acceptor = acceptor.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
-                let _permit = permit;
                 let _ = tcp.set_nodelay(true);
-                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-                {
-                    Ok(Ok(t)) => t,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%remote, "API handshake failed: {e}");
-                        return;
-                    }
-                    Err(_) => return,
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+                let tls = tokio::select! {
+                    r = handshake => match r {
+                        Ok(Ok(t)) => t,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%remote, "API handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => return,
+                    },
+                    _ = ticket.evicted() => return,
                 };
                 let role = crate::tls::peer_role(tls.get_ref().1.peer_certificates());
                 let Some((Role::Admin(admin), _)) = role else {
                     tracing::warn!(%remote, "API client without an admin certificate refused");
                     return;
                 };
-                let _ = tx.send(Ok(AdminConn { tls, admin })).await;
+                ticket.established();
+                let _ = tx
+                    .send(Ok(AdminConn {
+                        tls,
+                        admin,
+                        _ticket: ticket,
+                    }))
+                    .await;
             });
         }
     });

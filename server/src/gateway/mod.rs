@@ -29,8 +29,8 @@ use crate::pki::Role;
 
 /// Time a new connection has to send its first frame.
 const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections being handshaken or paired at once.
-const MAX_CONNECTING: usize = 1024;
+/// Longest a QUIC handshake may take (a daemon's takes milliseconds).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the gateway works with.
 #[derive(Clone)]
@@ -56,6 +56,8 @@ pub struct Transport {
     pub name: &'static str,
     /// The TCP fallback's tunnel, which knows the real peer addresses.
     pub tunnel: Option<Arc<byom_wire::tunnel::StreamSocket>>,
+    /// Admission of handshakes (None: admitted before, as tunnels are).
+    pub gate: Option<Arc<crate::gate::Gate>>,
 }
 
 impl Transport {
@@ -68,31 +70,96 @@ impl Transport {
     }
 }
 
+/// Admits a new QUIC connection, or says no without keeping any state: a
+/// stateless Retry (the client must prove its address) once many
+/// handshakes are in flight, silence to an address over its share.
+fn admit(
+    incoming: quinn::Incoming,
+    gate: &Arc<crate::gate::Gate>,
+) -> Option<(quinn::Incoming, crate::gate::Ticket)> {
+    use crate::gate::{Refused, QUIC_RETRY_ABOVE};
+    if gate.held() >= QUIC_RETRY_ABOVE
+        && !incoming.remote_address_validated()
+        && incoming.may_retry()
+    {
+        let _ = incoming.retry();
+        return None;
+    }
+    match gate.admit(incoming.remote_address().ip()) {
+        Ok(t) => Some((incoming, t)),
+        Err(Refused::PerAddress) => {
+            incoming.ignore();
+            None
+        }
+        Err(Refused::Full) => {
+            incoming.refuse();
+            None
+        }
+    }
+}
+
 /// Accepts connections on `endpoint` until shutdown.
 pub async fn serve(gw: Gateway, endpoint: quinn::Endpoint, transport: Arc<Transport>) {
-    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTING));
     loop {
         let incoming = tokio::select! {
             _ = gw.shutdown.cancelled() => return,
             i = endpoint.accept() => match i { Some(i) => i, None => return },
         };
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
-            incoming.refuse();
-            continue;
+        let (incoming, ticket) = match &transport.gate {
+            Some(gate) => match admit(incoming, gate) {
+                Some((i, t)) => (i, Some(t)),
+                None => continue,
+            },
+            None => (incoming, None),
         };
         let gw = gw.clone();
         let transport = transport.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
-            let conn = match incoming.await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!(%remote, "handshake failed: {e}");
-                    return;
+            let evicted = async {
+                match &ticket {
+                    Some(t) => t.evicted().await,
+                    None => std::future::pending().await,
                 }
             };
-            drop(permit);
-            if let Err(e) = handle_connection(gw, conn.clone(), &transport).await {
+            let conn = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, incoming) => match r {
+                    Ok(Ok(c)) => c,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%remote, "handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%remote, "handshake timed out");
+                        return;
+                    }
+                },
+                _ = evicted => return,
+            };
+            if let Some(t) = &transport.tunnel {
+                t.established(&remote);
+            }
+            // A machine's certificate passed the verifier: no stranger. A
+            // pairing connection stays one until it has paired.
+            let ticket = match peer_certs(&conn) {
+                Some(c) if !c.is_empty() => None,
+                _ => ticket,
+            };
+            let evicted = async {
+                match &ticket {
+                    Some(t) => t.evicted().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let result = tokio::select! {
+                r = handle_connection(gw, conn.clone(), &transport) => r,
+                _ = evicted => Err(anyhow::anyhow!("too many connections pairing at once; try again")),
+            };
+            drop(ticket);
+            if let Some(t) = &transport.tunnel {
+                t.detach(&remote);
+            }
+            if let Err(e) = result {
                 tracing::debug!(%remote, "connection ended: {e}");
                 // Say why, with the code that tells a daemon it sent
                 // something wrong (a close with no code reads as normal).
