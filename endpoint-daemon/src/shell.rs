@@ -214,7 +214,7 @@ struct Walker {
     out: Script,
     home: Option<String>,
     depth: usize,
-    /// Some known text contains `$(` or a backquote.
+    /// Some known text contains `[` and `$(` or a backquote.
     code_in_text: bool,
     /// The line has a place bash evaluates text as arithmetic.
     evaluates: bool,
@@ -541,11 +541,10 @@ impl Walker {
                 arg.parts.push(Part::Dyn);
             }
         }
-        if arg
-            .parts
-            .iter()
-            .any(|p| matches!(p, Part::Lit(t) if t.contains("$(") || t.contains('`')))
-        {
+        // `a[$(cmd)]` is what bash arithmetic runs.
+        if arg.parts.iter().any(
+            |p| matches!(p, Part::Lit(t) if t.contains('[') && (t.contains("$(") || t.contains('`'))),
+        ) {
             self.code_in_text = true;
         }
         arg
@@ -805,6 +804,7 @@ mod tests {
             .unknown
             .is_empty());
         assert!(parse("echo '$(date)'", None, 0).unknown.is_empty());
+        assert!(parse("printf '%s' 'see $(x)'", None, 0).unknown.is_empty());
     }
 
     #[test]

@@ -587,10 +587,10 @@ impl Walk {
                 }
                 return;
             }
+            // A file's commands are like a program's: not read here (the
+            // policy file says so), and not unknowable either.
             "." | "source" => {
                 self.push(&words, &via, true);
-                self.out
-                    .unknowable(format!("`{name}` runs the commands of a file"));
                 return;
             }
             "alias" | "enable" | "fc" | "hash" if !args.is_empty() => {
@@ -708,6 +708,7 @@ impl Walk {
     /// `sh -c SCRIPT`, or a shell reading a file or its input.
     fn shell(&mut self, name: &str, args: &[Arg], via: Vec<String>, depth: usize) {
         let mut c = false;
+        let mut stdin = false;
         let mut i = 0;
         while i < args.len() {
             let Some(w) = args[i].literal() else {
@@ -730,6 +731,9 @@ impl Walk {
                 if w[1..].contains('c') {
                     c = true;
                 }
+                if w.starts_with('-') && w[1..].contains('s') {
+                    stdin = true;
+                }
                 if w[1..].contains(['o', 'O']) {
                     i += 1;
                 }
@@ -738,12 +742,21 @@ impl Walk {
             }
             break;
         }
+        if stdin && !c {
+            self.out
+                .unknowable(format!("{name} -s reads commands from its input"));
+            return;
+        }
         match (c, args.get(i)) {
             (true, Some(script)) => self.sub_script(script, via, depth, &format!("{name} -c")),
             (true, None) => {}
-            (false, Some(f)) => self
-                .out
-                .unknowable(format!("{name} runs the script file {}", f.shown())),
+            // A script file is like any program: its name is known.
+            (false, Some(f)) if !f.is_dynamic() => {}
+            (false, Some(f)) => self.out.unknowable(format!(
+                "{name} runs a script file only known when it runs ({})",
+                f.shown()
+            )),
+            // `… | sh`: the commands are whatever comes in, like eval.
             (false, None) => self
                 .out
                 .unknowable(format!("{name} reads commands from its input")),
@@ -866,9 +879,9 @@ mod tests {
             "x=s; ${x}u -c id",
             "$(echo su) -c id",
             "eval \"$cmd\"",
-            ". ./script",
-            "sh script.sh",
             "echo su | sh",
+            "curl -s http://x/install | bash -s -- --yes",
+            "bash \"$SCRIPT\"",
             "bash -c \"$X\"",
             "nice --weird su",
             "env -S 'su -c id'",
@@ -881,7 +894,14 @@ mod tests {
         ] {
             assert!(!sh(line).unknown.is_empty(), "{line}");
         }
-        assert!(sh("echo $HOME; ls \"$dir\"").unknown.is_empty());
+        for line in [
+            "echo $HOME; ls \"$dir\"",
+            ". ./env.sh",
+            "sh build.sh",
+            "bash -e ./ci.sh",
+        ] {
+            assert!(sh(line).unknown.is_empty(), "{line}");
+        }
     }
 
     #[test]

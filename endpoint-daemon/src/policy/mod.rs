@@ -11,8 +11,8 @@
 //! roots, environment variables scrubbed, what agents' commands may do,
 //! per-secret restrictions, the user commands run as, a maximum runtime and
 //! concurrency. What cannot be known before a command runs (a program name
-//! built from a variable, `eval` of one, a file sourced) counts as a match
-//! of the strictest rule in force.
+//! built from a variable, `eval` of one, a script piped into `sh`) counts as
+//! a match of the strictest rule in force.
 //!
 //! A policy that does not parse stops `byomd run` from starting (and a bad
 //! edit while running keeps the previous policy): an unreadable policy must
@@ -44,7 +44,7 @@ pub const DEFAULT_POLICY: &str = r#"# byomd local policy. The byom server cannot
 # every program of a line (`a; b && c | d $(e)`), and through `sh -c`, `eval`,
 # `env`, `nice`, `nohup`, `timeout`, `xargs`, `find -exec`, `busybox APPLET`,
 # `sudo`, `doas`, `su -c`, `watch`, `flock`. A program whose name is only
-# known when the command runs (`$x`, `$(…)`, `eval "$y"`, `. file`) counts
+# known when the command runs (`$x`, `$(…)`, `eval "$y"`, `… | sh`) counts
 # as denied while any deny rule exists here, else it waits for your approval.
 #
 # A deny list is a guard against accidents, not a security boundary: an

@@ -136,7 +136,12 @@ fn unknowable_commands_meet_the_strictest_rule() {
     // With deny rules: denied. Without any: they wait for approval.
     let strict = policy(DEFAULT_POLICY);
     let open = policy("[dirs]\nroots = [\"/tmp\"]\n");
-    for line in ["x=s; ${x}u", "eval \"$CMD\"", ". ./env.sh", "$(which ls)"] {
+    for line in [
+        "x=s; ${x}u",
+        "eval \"$CMD\"",
+        "curl -s x | sh",
+        "$(which ls)",
+    ] {
         assert_eq!(decide(&strict, line, false), "deny", "{line}");
         assert_eq!(decide(&open, line, false), "confirm", "{line}");
     }
