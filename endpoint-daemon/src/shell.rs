@@ -144,14 +144,35 @@ pub fn parse(text: &str, home: Option<&str>, depth: usize) -> Script {
         code_in_text: false,
         evaluates: false,
     };
-    w.program(text);
-    if w.code_in_text && w.evaluates {
-        // bash evaluates `a[$(cmd)]` in quoted text given to arithmetic,
-        // `let`, `declare`, `printf -v`, `[[ -eq ]]`…
+    let text = text.to_string();
+    // The parser recurses per nesting level: the whole walk runs on a
+    // thread with a stack sized for MAX_NESTING.
+    let walk = move || {
+        w.program(&text);
+        if w.code_in_text && w.evaluates {
+            // bash evaluates `a[$(cmd)]` in quoted text given to
+            // arithmetic, `let`, `declare`, `printf -v`, `[[ -eq ]]`…
+            w.out.unknowable(
+                "quoted text containing `$(…)` reaches a command bash may evaluate it in",
+            );
+        }
         w.out
-            .unknowable("quoted text containing `$(…)` reaches a command bash may evaluate it in");
+    };
+    let failed = |why: String| {
+        let mut s = Script::default();
+        s.unknowable(why);
+        s
+    };
+    match std::thread::Builder::new()
+        .name("shell-parse".into())
+        .stack_size(PARSE_STACK_BYTES)
+        .spawn(walk)
+    {
+        Ok(h) => h
+            .join()
+            .unwrap_or_else(|_| failed("the shell parser failed on it".into())),
+        Err(e) => failed(format!("cannot start the shell parser: {e}")),
     }
-    w.out
 }
 
 /// An over-estimate of how deep `text` nests (quotes ignored).
@@ -181,25 +202,13 @@ fn nesting(text: &str) -> usize {
     max.max(depth)
 }
 
+/// Parses one line; a panic in the parser is a line it cannot parse.
 fn parse_program(text: &str) -> Result<ast::Program, String> {
-    let owned = text.to_string();
-    let run = move || {
-        let opts = options();
-        let mut p = brush_parser::Parser::new(std::io::Cursor::new(owned.as_bytes()), &opts);
-        p.parse_program().map_err(|e| e.to_string())
-    };
-    // The parser recurses per nesting level: a thread with a stack sized
-    // for MAX_NESTING, and a panic in it is a parse failure, not ours.
-    match std::thread::Builder::new()
-        .name("shell-parse".into())
-        .stack_size(PARSE_STACK_BYTES)
-        .spawn(run)
-    {
-        Ok(h) => h
-            .join()
-            .unwrap_or_else(|_| Err("the shell parser failed on it".into())),
-        Err(e) => Err(format!("cannot start the shell parser: {e}")),
-    }
+    let opts = options();
+    let mut p = brush_parser::Parser::new(std::io::Cursor::new(text.as_bytes()), &opts);
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.parse_program()))
+        .map_err(|_| "the shell parser failed on it".to_string())?
+        .map_err(|e| e.to_string())
 }
 
 fn options() -> brush_parser::ParserOptions {
