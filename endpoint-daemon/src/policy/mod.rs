@@ -91,7 +91,7 @@ scrub = ["*_TOKEN", "*_SECRET", "*_SECRET_*", "*_PASSWORD", "*_API_KEY", "AWS_SE
 [run]
 # Run commands as this local user instead of byomd's own (byomd must then
 # run as root). An unprivileged user is a real boundary: a command can do
-# no more than that user can.
+# no more than that user can. dirs.roots must be directories it can enter.
 # user = "byom-runner"
 
 [limits]
