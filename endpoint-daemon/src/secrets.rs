@@ -178,30 +178,41 @@ pub fn load_values(dir: &Path) -> anyhow::Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
+/// The `{{secret:NAME}}` handles in `text`: (byte range of the handle,
+/// NAME), in order.
+pub fn handles(text: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+    const OPEN: &str = "{{secret:";
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(i) = text[at..].find(OPEN) {
+        let start = at + i;
+        let name_at = start + OPEN.len();
+        let Some(end) = text[name_at..].find("}}") else {
+            break;
+        };
+        let stop = name_at + end + 2;
+        out.push((start..stop, &text[name_at..name_at + end]));
+        at = stop;
+    }
+    out
+}
+
 /// Replaces every `{{secret:NAME}}` in `text`. Unknown names are an error
 /// that names them, never an empty substitution.
 pub fn substitute(text: &str, values: &BTreeMap<String, String>) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(i) = rest.find("{{secret:") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 9..];
-        let Some(end) = after.find("}}") else {
-            out.push_str(&rest[i..]);
-            return Ok(out);
-        };
-        let name = &after[..end];
-        match values.get(name) {
-            Some(v) => out.push_str(v),
-            None => {
-                return Err(format!(
+    let mut copied = 0;
+    for (range, name) in handles(text) {
+        let Some(v) = values.get(name) else {
+            return Err(format!(
                 "unknown secret {name:?}: set it on this machine with `byomd secret set {name}`"
-            ))
-            }
-        }
-        rest = &after[end + 2..];
+            ));
+        };
+        out.push_str(&text[copied..range.start]);
+        out.push_str(v);
+        copied = range.end;
     }
-    out.push_str(rest);
+    out.push_str(&text[copied..]);
     Ok(out)
 }
 

@@ -127,10 +127,18 @@ pub struct Script {
 
 impl Script {
     pub fn unknowable(&mut self, why: impl Into<String>) {
-        let why = why.into();
-        if !self.unknown.contains(&why) && self.unknown.len() < 16 {
-            self.unknown.push(why);
-        }
+        add_reason(&mut self.unknown, why);
+    }
+}
+
+/// Most reasons kept for one command (the first say enough).
+pub const MAX_REASONS: usize = 16;
+
+/// Adds a reason something is unknowable, once, up to [`MAX_REASONS`].
+pub fn add_reason(list: &mut Vec<String>, why: impl Into<String>) {
+    let why = why.into();
+    if !list.contains(&why) && list.len() < MAX_REASONS {
+        list.push(why);
     }
 }
 
@@ -445,41 +453,16 @@ impl Walker {
     }
 
     fn simple(&mut self, s: &ast::SimpleCommand) {
-        use ast::CommandPrefixOrSuffixItem as I;
         let mut cmd = Simple::default();
         for item in s.prefix.iter().flat_map(|p| p.0.iter()) {
-            match item {
-                I::IoRedirect(r) => self.redirect(r),
-                I::Word(w) => cmd.words.push(self.word(w)),
-                I::AssignmentWord(a, _) => {
-                    let (name, value) = self.assignment(a);
-                    cmd.assigns.push((name, value));
-                }
-                I::ProcessSubstitution(_, sub) => {
-                    self.list(&sub.list);
-                    cmd.words.push(Arg::dynamic());
-                }
-            }
+            self.item(item, &mut cmd, true);
         }
         if let Some(w) = &s.word_or_name {
             let a = self.word(w);
             cmd.words.push(a);
         }
         for item in s.suffix.iter().flat_map(|p| p.0.iter()) {
-            match item {
-                I::IoRedirect(r) => self.redirect(r),
-                I::Word(w) => cmd.words.push(self.word(w)),
-                // `export A=$(x)`: an argument (its value still expands).
-                I::AssignmentWord(a, w) => {
-                    let (name, _) = self.assignment(a);
-                    self.out.assigned.insert(name);
-                    cmd.words.push(self.word(w));
-                }
-                I::ProcessSubstitution(_, sub) => {
-                    self.list(&sub.list);
-                    cmd.words.push(Arg::dynamic());
-                }
-            }
+            self.item(item, &mut cmd, false);
         }
         if let Some(p) = cmd.words.first().and_then(Arg::literal) {
             if EVALUATING.contains(&p.as_str()) {
@@ -492,6 +475,31 @@ impl Walker {
             return;
         }
         self.out.commands.push(cmd);
+    }
+
+    /// One word, redirection or assignment around a command's name.
+    fn item(&mut self, item: &ast::CommandPrefixOrSuffixItem, cmd: &mut Simple, before_name: bool) {
+        use ast::CommandPrefixOrSuffixItem as I;
+        match item {
+            I::IoRedirect(r) => self.redirect(r),
+            I::Word(w) => cmd.words.push(self.word(w)),
+            I::AssignmentWord(a, _) => {
+                let (name, value) = self.assignment(a);
+                if before_name {
+                    cmd.assigns.push((name, value));
+                } else {
+                    // `export A=$(x)`: an argument, `A=` and its value.
+                    let mut arg = Arg::lit(format!("{name}="));
+                    arg.parts.extend(value.parts);
+                    arg.expands = value.expands;
+                    cmd.words.push(arg);
+                }
+            }
+            I::ProcessSubstitution(_, sub) => {
+                self.list(&sub.list);
+                cmd.words.push(Arg::dynamic());
+            }
+        }
     }
 
     fn assignment(&mut self, a: &ast::Assignment) -> (String, Arg) {

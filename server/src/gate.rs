@@ -7,9 +7,11 @@
 //! one: a flood of slow strangers cannot keep a real client out.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 /// Why a connection was not admitted.
@@ -111,6 +113,54 @@ impl Ticket {
     /// Completes when the gate evicted this connection to make room.
     pub fn evicted(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.evict.cancelled()
+    }
+
+    /// `step` (a handshake), unless it takes longer than `limit` or this
+    /// connection is evicted first.
+    pub async fn within<F: std::future::Future>(
+        &self,
+        limit: Duration,
+        step: F,
+    ) -> Option<F::Output> {
+        tokio::select! {
+            r = tokio::time::timeout(limit, step) => r.ok(),
+            _ = self.evicted() => None,
+        }
+    }
+}
+
+/// Completes when `ticket` is evicted; never without one.
+pub async fn evicted(ticket: &Option<Ticket>) {
+    match ticket {
+        Some(t) => t.evicted().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next TCP connection `gate` admits, or None at shutdown. Refused
+/// connections are closed at once; accept errors (out of files, say) are
+/// logged and waited out, never spun on.
+pub async fn accept(
+    listener: &TcpListener,
+    gate: &Arc<Gate>,
+    shutdown: &CancellationToken,
+) -> Option<(TcpStream, SocketAddr, Ticket)> {
+    loop {
+        let (tcp, remote) = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(gate = gate.what, "accept failed: {e}");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        if let Ok(ticket) = gate.admit(remote.ip()) {
+            let _ = tcp.set_nodelay(true);
+            return Some((tcp, remote, ticket));
+        }
     }
 }
 
@@ -217,7 +267,7 @@ impl Gates {
 
 /// How long an accept loop waits after an error (out of files, say), so
 /// it backs off instead of spinning.
-pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {

@@ -431,32 +431,15 @@ async fn accept_tunnels(
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    loop {
-        let (tcp, remote) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("TCP fallback accept failed: {e}");
-                    tokio::time::sleep(crate::gate::ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(ticket) = gate.admit(remote.ip()) else {
-            continue;
-        };
+    while let Some((tcp, remote, ticket)) = crate::gate::accept(&listener, &gate, &shutdown).await {
         let acceptor = acceptor.clone();
         let tunnel = tunnel.clone();
         tokio::spawn(async move {
-            let _ = tcp.set_nodelay(true);
-            let handshake = tokio::time::timeout(TUNNEL_HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
-            let tls = tokio::select! {
-                r = handshake => match r {
-                    Ok(Ok(t)) => t,
-                    _ => return,
-                },
-                _ = ticket.evicted() => return,
+            let Some(Ok(tls)) = ticket
+                .within(TUNNEL_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+                .await
+            else {
+                return;
             };
             tracing::debug!(%remote, "TCP fallback connection");
             let limits = byom_wire::tunnel::StreamLimits {

@@ -187,21 +187,7 @@ pub async fn serve(
     gate: Arc<crate::gate::Gate>,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let (tcp, remote) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("webhook accept failed: {e}");
-                    tokio::time::sleep(crate::gate::ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(ticket) = gate.admit(remote.ip()) else {
-            continue;
-        };
+    while let Some((tcp, _, ticket)) = crate::gate::accept(&listener, &gate, &shutdown).await {
         let hooks = hooks.clone();
         tokio::spawn(async move {
             let ticket = Arc::new(ticket);

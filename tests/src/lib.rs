@@ -108,6 +108,15 @@ impl Server {
     }
 
     pub fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::launched(dir, extra, env, None)
+    }
+
+    /// A server that may open at most `nofile` files (soft and hard limit).
+    pub fn start_limited(dir: &Path, nofile: u64) -> Server {
+        Self::launched(dir, &[], &[], Some(nofile))
+    }
+
+    fn launched(dir: &Path, extra: &[&str], env: &[(&str, &str)], nofile: Option<u64>) -> Server {
         let mut s = Server {
             child: None,
             data_dir: dir.join("server"),
@@ -116,7 +125,7 @@ impl Server {
             tcp_addr: "127.0.0.1:0".parse().unwrap(),
             webhook_addr: "127.0.0.1:0".parse().unwrap(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
-            nofile: None,
+            nofile,
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -126,21 +135,30 @@ impl Server {
         s
     }
 
-    /// A server that may open at most `nofile` files (soft and hard limit).
-    pub fn start_limited(dir: &Path, nofile: u64) -> Server {
-        let mut s = Server {
-            child: None,
-            data_dir: dir.join("server"),
-            quic_addr: "127.0.0.1:0".parse().unwrap(),
-            api_addr: "127.0.0.1:0".parse().unwrap(),
-            tcp_addr: "127.0.0.1:0".parse().unwrap(),
-            webhook_addr: "127.0.0.1:0".parse().unwrap(),
-            extra_args: Vec::new(),
-            nofile: Some(nofile),
-            env: Vec::new(),
-        };
-        s.launch();
-        s
+    /// A server (with `extra` arguments and `env`) and one daemon paired
+    /// as `lap` (its config dir named `lap` too), online.
+    pub fn with_lap(extra: &[&str], env: &[(&str, &str)]) -> (tempfile::TempDir, Server, Daemon) {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start_with_env(dir.path(), extra, env);
+        let tok = server.token(&["--name", "lap"]);
+        let mut d = Daemon::new(dir.path(), "lap");
+        d.pair(&tok, "lap");
+        d.start();
+        server.wait_online("lap", true, Duration::from_secs(60));
+        (dir, server, d)
+    }
+
+    /// The SHA-256 of the server's CA certificate, as daemons pin it.
+    pub fn ca_pin(&self) -> [u8; 32] {
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(self.data_dir.join("server.json")).unwrap())
+                .unwrap();
+        let hex = v["ca_sha256"].as_str().unwrap();
+        let mut pin = [0u8; 32];
+        for (i, b) in pin.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+        }
+        pin
     }
 
     fn launch(&mut self) {

@@ -17,14 +17,7 @@ fn setup(extra: &[&str]) -> (tempfile::TempDir, Server, Daemon) {
 }
 
 fn setup_env(extra: &[&str], env: &[(&str, &str)]) -> (tempfile::TempDir, Server, Daemon) {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with_env(dir.path(), extra, env);
-    let tok = server.token(&["--name", "lap"]);
-    let mut d = Daemon::new(dir.path(), "lap");
-    d.pair(&tok, "lap");
-    d.start();
-    server.wait_online("lap", true, T);
-    (dir, server, d)
+    Server::with_lap(extra, env)
 }
 
 fn say_on(server: &Server, source: &str, thread: &str, user: &str, text: &str) -> Value {

@@ -8,14 +8,7 @@ use byom_tests::{stderr, stdout, Daemon, Server};
 const T: Duration = Duration::from_secs(60);
 
 fn setup() -> (tempfile::TempDir, Server, Daemon) {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
-    let tok = server.token(&["--name", "lap"]);
-    let mut d = Daemon::new(dir.path(), "lap");
-    d.pair(&tok, "lap");
-    d.start();
-    server.wait_online("lap", true, T);
-    (dir, server, d)
+    Server::with_lap(&[], &[])
 }
 
 #[test]

@@ -63,18 +63,6 @@ async fn hold_tcp(to: SocketAddr, n: usize, prefix: &[u8]) -> Vec<tokio::net::Tc
     held
 }
 
-fn ca_pin(server: &Server) -> [u8; 32] {
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(server.data_dir.join("server.json")).unwrap())
-            .unwrap();
-    let hex = v["ca_sha256"].as_str().unwrap();
-    let mut pin = [0u8; 32];
-    for (i, b) in pin.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
-    }
-    pin
-}
-
 /// A real client's first QUIC Initial packet, captured on a trap socket.
 async fn captured_initial(server: &Server) -> Vec<u8> {
     let trap = tokio::net::UdpSocket::bind(format!("{ATTACKER}:0"))
@@ -82,7 +70,7 @@ async fn captured_initial(server: &Server) -> Vec<u8> {
         .unwrap();
     let trap_addr = trap.local_addr().unwrap();
     let ep = quinn::Endpoint::client(format!("{ATTACKER}:0").parse().unwrap()).unwrap();
-    let cfg = byom_daemon::tls::pairing_config(ca_pin(server)).unwrap();
+    let cfg = byom_daemon::tls::pairing_config(server.ca_pin()).unwrap();
     let connecting = ep
         .connect_with(cfg, trap_addr, byom_protocol::SERVER_NAME)
         .unwrap();

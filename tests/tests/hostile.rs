@@ -9,21 +9,9 @@ use byom_tests::{Daemon, Server};
 
 const T: Duration = Duration::from_secs(30);
 
-fn ca_pin(server: &Server) -> [u8; 32] {
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(server.data_dir.join("server.json")).unwrap())
-            .unwrap();
-    let hex = v["ca_sha256"].as_str().unwrap();
-    let mut pin = [0u8; 32];
-    for (i, b) in pin.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
-    }
-    pin
-}
-
 async fn raw_stream(server: &Server, bytes: &[u8]) -> Result<Vec<u8>, String> {
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    let cfg = byom_daemon::tls::pairing_config(ca_pin(server)).unwrap();
+    let cfg = byom_daemon::tls::pairing_config(server.ca_pin()).unwrap();
     let conn = ep
         .connect_with(cfg, server.quic_addr, byom_protocol::SERVER_NAME)
         .unwrap()
@@ -113,7 +101,7 @@ async fn garbage_first_frames_close_with_the_protocol_error_code() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    let cfg = byom_daemon::tls::pairing_config(ca_pin(&server)).unwrap();
+    let cfg = byom_daemon::tls::pairing_config(server.ca_pin()).unwrap();
     let conn = ep
         .connect_with(cfg, server.quic_addr, byom_protocol::SERVER_NAME)
         .unwrap()

@@ -12,14 +12,7 @@ use serde_json::Value;
 const T: Duration = Duration::from_secs(60);
 
 fn setup(allowance: &str) -> (tempfile::TempDir, Server, Daemon) {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(dir.path(), &["--offline-allowance", allowance]);
-    let tok = server.token(&["--name", "lap"]);
-    let mut d = Daemon::new(dir.path(), "lap");
-    d.pair(&tok, "lap");
-    d.start();
-    server.wait_online("lap", true, T);
-    (dir, server, d)
+    Server::with_lap(&["--offline-allowance", allowance], &[])
 }
 
 fn running(server: &Server, id: &str) {

@@ -114,25 +114,19 @@ impl StreamSocket {
     /// Marks the stream behind `peer` as carrying an established QUIC
     /// connection (it is no longer closed for failing to establish one).
     pub fn established(&self, peer: &SocketAddr) {
-        if let Some(p) = self
-            .peers
-            .lock()
-            .ok()
-            .and_then(|p| p.get(peer).map(|x| x.established.clone()))
-        {
-            let _ = p.send(true);
-        }
+        self.signal(peer, |p| &p.established);
     }
 
     /// Closes the stream behind `peer` (its QUIC connection ended).
     pub fn detach(&self, peer: &SocketAddr) {
-        if let Some(k) = self
-            .peers
-            .lock()
-            .ok()
-            .and_then(|p| p.get(peer).map(|x| x.kill.clone()))
-        {
-            let _ = k.send(true);
+        self.signal(peer, |p| &p.kill);
+    }
+
+    fn signal(&self, peer: &SocketAddr, which: fn(&Peer) -> &watch::Sender<bool>) {
+        if let Ok(p) = self.peers.lock() {
+            if let Some(p) = p.get(peer) {
+                let _ = which(p).send(true);
+            }
         }
     }
 

@@ -58,11 +58,8 @@ pub struct Analysis {
 }
 
 impl Analysis {
-    fn unknowable(&mut self, why: impl Into<String>) {
-        let why = why.into();
-        if !self.unknown.contains(&why) && self.unknown.len() < 16 {
-            self.unknown.push(why);
-        }
+    pub fn unknowable(&mut self, why: impl Into<String>) {
+        shell::add_reason(&mut self.unknown, why);
     }
 }
 
@@ -492,20 +489,13 @@ struct Walk {
 
 impl Walk {
     fn script(&mut self, text: &str, via: Vec<String>, depth: usize) {
-        if depth > MAX_DEPTH {
-            self.out
-                .unknowable(format!("commands nested more than {MAX_DEPTH} levels deep"));
-            return;
-        }
+        // Its depth limit is the parser's.
         let s = shell::parse(text, self.home.as_deref(), depth);
         for u in s.unknown {
             self.out.unknowable(u);
         }
         self.out.assigned.extend(s.assigned);
         for c in s.commands {
-            for (name, _) in &c.assigns {
-                self.out.assigned.insert(name.clone());
-            }
             self.words(c.words, via.clone(), depth, &s.functions);
         }
     }

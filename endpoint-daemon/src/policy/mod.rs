@@ -199,21 +199,11 @@ impl Request<'_> {
         }
         let stdin = String::from_utf8_lossy(self.stdin);
         texts.push(&stdin);
-        let mut out = std::collections::BTreeSet::new();
-        for t in texts {
-            let mut rest = t;
-            while let Some(i) = rest.find("{{secret:") {
-                let after = &rest[i + 9..];
-                match after.find("}}") {
-                    Some(end) => {
-                        out.insert(after[..end].to_string());
-                        rest = &after[end + 2..];
-                    }
-                    None => break,
-                }
-            }
-        }
-        out
+        texts
+            .into_iter()
+            .flat_map(crate::secrets::handles)
+            .map(|(_, name)| name.to_string())
+            .collect()
     }
 }
 
@@ -453,8 +443,7 @@ impl Policy {
         if let Some(env) = req.env {
             for k in env.keys() {
                 if analysis::hijacks(k) {
-                    a.unknown
-                        .push(format!("{k} is set, which changes what programs run"));
+                    a.unknowable(format!("{k} is set, which changes what programs run"));
                 }
                 a.assigned.insert(k.clone());
             }
@@ -518,11 +507,12 @@ impl Policy {
             ));
         }
         // Restrictions the owner put on the secrets it uses.
-        let secrets = self
-            .config_dir()
-            .map(crate::secrets::restrictions)
-            .unwrap_or_default();
-        for name in req.secrets() {
+        let used = req.secrets();
+        let secrets = match self.config_dir() {
+            Some(d) if !used.is_empty() => crate::secrets::restrictions(d),
+            _ => Default::default(),
+        };
+        for name in used {
             let Some(r) = secrets.get(&name) else {
                 continue;
             };
@@ -642,8 +632,7 @@ impl Policy {
     ) -> Option<String> {
         let path = std::env::var("PATH").unwrap_or_default();
         if a.assigned.contains("PATH") {
-            a.unknown
-                .push("PATH is changed, so which file a name runs is not known".into());
+            a.unknowable("PATH is changed, so which file a name runs is not known");
         }
         let home = home();
         let allowed: Vec<(String, PathBuf)> = list
@@ -672,9 +661,10 @@ impl Policy {
                 continue;
             }
             if !program.starts_with('/') && program.contains('/') && a.changes_dir {
-                a.unknown.push(format!(
-                    "{program} is a relative path in a line that changes directory"
-                ));
+                crate::shell::add_reason(
+                    &mut a.unknown,
+                    format!("{program} is a relative path in a line that changes directory"),
+                );
                 continue;
             }
             let name = analysis::base(&program);

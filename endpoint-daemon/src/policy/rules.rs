@@ -340,26 +340,21 @@ impl Parsed {
                 }
                 if let Some(l) = w.strip_prefix("--") {
                     let l = l.split('=').next().unwrap_or(l);
-                    // GNU getopt takes any unique prefix of a long option.
-                    let full: Vec<&(&str, char)> =
+                    // GNU getopt takes an exact name, or any unique prefix.
+                    let prefixed: Vec<&(&str, char)> =
                         longs.iter().filter(|(n, _)| n.starts_with(l)).collect();
-                    let resolved = match full.as_slice() {
-                        [(n, c)] => {
+                    let known = match prefixed.as_slice() {
+                        [one] => Some(*one),
+                        _ => longs.iter().find(|(n, _)| *n == l),
+                    };
+                    let resolved = match known {
+                        Some((n, c)) => {
                             if *c != '\0' {
                                 out.short.push(*c);
                             }
                             n.to_string()
                         }
-                        _ => longs
-                            .iter()
-                            .find(|(n, _)| *n == l)
-                            .map(|(n, c)| {
-                                if *c != '\0' {
-                                    out.short.push(*c);
-                                }
-                                n.to_string()
-                            })
-                            .unwrap_or_else(|| l.to_string()),
+                        None => l.to_string(),
                     };
                     out.long.push(resolved);
                     continue;

@@ -117,32 +117,19 @@ pub async fn serve(
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<AdminConn, std::io::Error>>(ACCEPT_QUEUE);
     let accept_shutdown = api.shutdown.clone();
     tokio::spawn(async move {
-        loop {
-            let (tcp, remote) = tokio::select! {
-                _ = accept_shutdown.cancelled() => return,
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(e) => { tracing::warn!("API accept failed: {e}"); tokio::time::sleep(crate::gate::ACCEPT_BACKOFF).await; continue; }
-                },
-            };
-            let Ok(ticket) = gate.admit(remote.ip()) else {
-                continue;
-            };
+        while let Some((tcp, remote, ticket)) =
+            crate::gate::accept(&listener, &gate, &accept_shutdown).await
+        {
             let acceptor = acceptor.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
-                let _ = tcp.set_nodelay(true);
-                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
-                let tls = tokio::select! {
-                    r = handshake => match r {
-                        Ok(Ok(t)) => t,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%remote, "API handshake failed: {e}");
-                            return;
-                        }
-                        Err(_) => return,
-                    },
-                    _ = ticket.evicted() => return,
+                let tls = match ticket.within(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Some(Ok(t)) => t,
+                    Some(Err(e)) => {
+                        tracing::debug!(%remote, "API handshake failed: {e}");
+                        return;
+                    }
+                    None => return,
                 };
                 let role = crate::tls::peer_role(tls.get_ref().1.peer_certificates());
                 let Some((Role::Admin(admin), _)) = role else {

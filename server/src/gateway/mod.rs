@@ -116,12 +116,6 @@ pub async fn serve(gw: Gateway, endpoint: quinn::Endpoint, transport: Arc<Transp
         let transport = transport.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
-            let evicted = async {
-                match &ticket {
-                    Some(t) => t.evicted().await,
-                    None => std::future::pending().await,
-                }
-            };
             let conn = tokio::select! {
                 r = tokio::time::timeout(HANDSHAKE_TIMEOUT, incoming) => match r {
                     Ok(Ok(c)) => c,
@@ -134,7 +128,7 @@ pub async fn serve(gw: Gateway, endpoint: quinn::Endpoint, transport: Arc<Transp
                         return;
                     }
                 },
-                _ = evicted => return,
+                _ = crate::gate::evicted(&ticket) => return,
             };
             if let Some(t) = &transport.tunnel {
                 t.established(&remote);
@@ -145,15 +139,9 @@ pub async fn serve(gw: Gateway, endpoint: quinn::Endpoint, transport: Arc<Transp
                 Some(c) if !c.is_empty() => None,
                 _ => ticket,
             };
-            let evicted = async {
-                match &ticket {
-                    Some(t) => t.evicted().await,
-                    None => std::future::pending().await,
-                }
-            };
             let result = tokio::select! {
                 r = handle_connection(gw, conn.clone(), &transport) => r,
-                _ = evicted => Err(anyhow::anyhow!("too many connections pairing at once; try again")),
+                _ = crate::gate::evicted(&ticket) => Err(anyhow::anyhow!("too many connections pairing at once; try again")),
             };
             drop(ticket);
             if let Some(t) = &transport.tunnel {
