@@ -54,6 +54,11 @@ pub struct Budgets {
     /// An idle worker (task done, listening on its threads) retires after
     /// this long without activity; its threads go back to the Router.
     pub idle_retire_ms: u64,
+    /// Earlier messages of a thread inlined with each trigger (locality:
+    /// the message replied to and the ones before it).
+    pub context_messages: usize,
+    /// Characters of those messages in all.
+    pub context_chars: usize,
 }
 
 impl Default for Budgets {
@@ -74,6 +79,8 @@ impl Default for Budgets {
             max_output_tokens: 2048,
             max_batch: 100,
             idle_retire_ms: 24 * 3600 * 1000,
+            context_messages: 5,
+            context_chars: 2000,
         }
     }
 }

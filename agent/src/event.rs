@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::llm::{Request, Response, Usage};
 use crate::Ms;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TriggerInfo {
     pub id: String,
     pub thread: String,
@@ -18,6 +18,14 @@ pub struct TriggerInfo {
     pub user: String,
     pub text: String,
     pub mention: bool,
+    /// The person's display name, when the channel gives one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub user_name: String,
+    /// The thread's nearby messages, oldest first, as `who: text` lines:
+    /// the message this one replies to and the ones before it (bounded by
+    /// the server), so "do the same for the other one" makes sense.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub context: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

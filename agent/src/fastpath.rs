@@ -170,6 +170,11 @@ impl CodeRule {
     }
 }
 
+/// A trigger's reason says an owner's policy ignored it.
+pub fn is_policy_reason(reason: &str) -> bool {
+    reason.starts_with("policy pol_")
+}
+
 /// The first code rule among `policies` (id, text) that ignores `t`:
 /// the reason to store.
 pub fn ignored_by_policy(

@@ -66,10 +66,12 @@ pub fn router_tools() -> Vec<Tool> {
         ),
         tool(
             "reply",
-            "Post a reply on a thread. Chat threads: at most 100 words.",
+            "Post a reply on a thread of this turn. Chat threads: at most 100 words. Asynchronous ones (GitHub) read text as the summary, then what changed, how it was verified and links.",
             json!({"type": "object", "properties": {
                 "thread": {"type": "string"}, "text": {"type": "string"},
-                "status": {"type": "string"}
+                "status": {"type": "string"},
+                "changed": {"type": "string"}, "verified": {"type": "string"},
+                "links": {"type": "string"}
             }, "required": ["thread", "text"]}),
         ),
         tool(
@@ -131,6 +133,11 @@ pub fn worker_tools() -> Vec<Tool> {
             "unsubscribe",
             "Stop receiving a thread's messages (all threads if none given).",
             json!({"type": "object", "properties": {"thread": {"type": "string"}}}),
+        ),
+        tool(
+            "watch",
+            "Receive another thread's messages too, e.g. the pull request you opened: a thread ID or SOURCE:NAME (gh:acme/app#12).",
+            json!({"type": "object", "properties": {"thread": {"type": "string"}}, "required": ["thread"]}),
         ),
         tool(
             "bounce",

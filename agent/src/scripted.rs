@@ -347,10 +347,21 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
             } else {
                 format!("{status}: {}", e.body)
             };
-            calls.push((
-                "reply".into(),
-                json!({"thread": thread, "text": text, "status": status}),
-            ));
+            // Everyone waiting on the worker hears: each of its threads
+            // (the chat that asked, the PR it watches).
+            let mut threads: Vec<&str> = attr(&e, "threads")
+                .split(',')
+                .filter(|t| !t.is_empty() && *t != "-")
+                .collect();
+            if threads.is_empty() {
+                threads.push(&thread);
+            }
+            for t in threads {
+                calls.push((
+                    "reply".into(),
+                    json!({"thread": t, "text": text, "status": status}),
+                ));
+            }
             continue;
         }
         if e.flags.iter().any(|f| f == "question") {
@@ -542,6 +553,17 @@ fn worker_rules(req: &Request) -> Vec<(String, Value)> {
                 )
             });
         }
+        // A pull request or issue the commands opened is followed: its
+        // reviews and CI come straight to this worker.
+        let mut watched = Vec::new();
+        for e in finished_since_report(req) {
+            for url in github_links(&e.body) {
+                if !watched.contains(&url) {
+                    calls.push(("watch".into(), json!({"thread": url})));
+                    watched.push(url);
+                }
+            }
+        }
         let failed = finished_since_report(req)
             .iter()
             .any(|e| attr(e, "state") != "exited");
@@ -551,6 +573,24 @@ fn worker_rules(req: &Request) -> Vec<(String, Value)> {
         ));
     }
     calls
+}
+
+/// GitHub pull request and issue links in `text`.
+fn github_links(text: &str) -> Vec<String> {
+    text.split(|c: char| c.is_whitespace() || "()<>\"'`".contains(c))
+        .filter_map(|w| {
+            let rest = w.strip_prefix("https://github.com/")?;
+            let parts: Vec<&str> = rest.trim_end_matches(['.', ',']).split('/').collect();
+            match parts.as_slice() {
+                [o, r, "pull" | "issues", n]
+                    if n.parse::<u64>().is_ok() && !o.is_empty() && !r.is_empty() =>
+                {
+                    Some(format!("https://github.com/{o}/{r}/{}/{n}", parts[2]))
+                }
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// What a worker does about a piece of text.
@@ -767,6 +807,22 @@ mod tests {
         );
         assert_eq!(d, expect);
         assert!(Latency::parse("1s,2s,3s,4s").is_err());
+    }
+
+    #[test]
+    fn github_links_are_found() {
+        assert_eq!(
+            github_links(
+                "opened https://github.com/acme/app/pull/7. see (https://github.com/a/b/issues/3)"
+            ),
+            [
+                "https://github.com/acme/app/pull/7",
+                "https://github.com/a/b/issues/3"
+            ]
+        );
+        assert!(
+            github_links("https://github.com/acme/app/tree/main https://github.com/x").is_empty()
+        );
     }
 
     #[test]

@@ -21,8 +21,53 @@ pub trait World {
     /// The full text of a stored object (trigger, thread, command with its
     /// output, snapshot), for recall/read.
     fn lookup(&self, id: &str) -> Option<String>;
-    /// The channel a thread is on (`chat`, `github`, …), if it exists.
-    fn thread_source(&self, thread: &str) -> Option<String>;
+    /// Where a thread is, if it exists.
+    fn thread(&self, thread: &str) -> Option<ThreadInfo>;
+    /// The thread named `source:external` (e.g. `gh:acme/app#12`) or by a
+    /// GitHub pull request or issue URL, made if the source is a connector
+    /// and it does not exist yet. `None`: no such source.
+    fn find_thread(&mut self, name: &str) -> Option<String>;
+}
+
+/// Where a thread is and what may be said there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadInfo {
+    /// The source (a connector's name, `chat`, a webhook source).
+    pub source: String,
+    /// The kind of channel: `matrix`, `slack`, `chat` (talk: short
+    /// replies) or `github`, `webhook`, `cli` (asynchronous: structured).
+    pub kind: String,
+    /// The Router may post here unprompted (its connector's `post_to`).
+    pub open: bool,
+}
+
+impl ThreadInfo {
+    /// Chat norms (short, with a pointer to the rest) or structured ones.
+    pub fn is_chat(&self) -> bool {
+        matches!(self.kind.as_str(), "chat" | "matrix" | "slack")
+    }
+}
+
+/// `owner/repo#N` for a GitHub pull request or issue URL.
+pub fn github_thread(url: &str) -> Option<String> {
+    let rest = url.trim().strip_prefix("https://github.com/")?;
+    match rest.split('/').collect::<Vec<_>>().as_slice() {
+        [o, r, "pull" | "issues", n]
+            if n.parse::<u64>().is_ok() && !o.is_empty() && !r.is_empty() =>
+        {
+            Some(format!("{o}/{r}#{n}"))
+        }
+        _ => None,
+    }
+}
+
+/// The kind a test or simulated thread on `source` has: a connector kind
+/// when the source is named like one, else `cli`.
+fn test_kind(source: &str) -> String {
+    match source {
+        "chat" | "matrix" | "slack" | "github" | "webhook" => source.to_string(),
+        _ => "cli".into(),
+    }
 }
 
 /// A deterministic world for tests and the simulator.
@@ -41,6 +86,10 @@ pub struct TestWorld {
     pub default_source: Option<String>,
     /// Other objects' full text, by ID.
     pub objects: HashMap<String, String>,
+    /// Sources the Router may post on unprompted.
+    pub open_sources: Vec<String>,
+    /// `source:external` → thread, for threads found by name.
+    pub named_threads: HashMap<String, String>,
 }
 
 impl TestWorld {
@@ -98,10 +147,35 @@ impl World for TestWorld {
         self.objects.get(id).cloned()
     }
 
-    fn thread_source(&self, thread: &str) -> Option<String> {
-        self.threads
+    fn thread(&self, thread: &str) -> Option<ThreadInfo> {
+        let source = self
+            .threads
             .get(thread)
             .cloned()
-            .or_else(|| self.default_source.clone())
+            .or_else(|| self.default_source.clone())?;
+        Some(ThreadInfo {
+            kind: test_kind(&source),
+            open: self.open_sources.contains(&source),
+            source,
+        })
+    }
+
+    fn find_thread(&mut self, name: &str) -> Option<String> {
+        let name = match github_thread(name) {
+            Some(t) => format!("github:{t}"),
+            None => name.to_string(),
+        };
+        let name = name.as_str();
+        let (source, external) = name.split_once(':')?;
+        if let Some(id) = self.named_threads.get(name) {
+            return Some(id.clone());
+        }
+        if source.is_empty() || external.is_empty() {
+            return None;
+        }
+        let id = self.new_id(Kind::Thread);
+        self.named_threads.insert(name.to_string(), id.clone());
+        self.threads.insert(id.clone(), source.to_string());
+        Some(id)
     }
 }

@@ -16,10 +16,11 @@ pub enum Kind {
     Snapshot,
     Policy,
     Approval,
+    Outbox,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Machine,
         Kind::Token,
         Kind::Command,
@@ -29,6 +30,7 @@ impl Kind {
         Kind::Snapshot,
         Kind::Policy,
         Kind::Approval,
+        Kind::Outbox,
     ];
 
     pub fn prefix(self) -> &'static str {
@@ -42,6 +44,7 @@ impl Kind {
             Kind::Snapshot => "snp_",
             Kind::Policy => "pol_",
             Kind::Approval => "apr_",
+            Kind::Outbox => "out_",
         }
     }
 
@@ -136,6 +139,7 @@ typed_id!(PolicyId, Kind::Policy, "policy");
 typed_id!(WorkerId, Kind::Worker, "worker");
 typed_id!(SnapshotId, Kind::Snapshot, "snapshot");
 typed_id!(ApprovalId, Kind::Approval, "approval");
+typed_id!(OutboxId, Kind::Outbox, "outbox item");
 
 #[cfg(test)]
 mod tests {

@@ -19,15 +19,18 @@
 
 mod admin;
 mod agents;
+mod channels;
 mod commands;
 mod gate;
 mod gateway;
+mod http;
 mod idempotency;
 mod identity;
 mod live;
 mod machines;
 mod model;
 mod pki;
+mod signature;
 mod startup;
 mod tls;
 mod triggers;

@@ -214,8 +214,18 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let live = Arc::new(LiveMachines::default());
     let commands = Commands::new(store.clone(), live.clone(), opts.offline_allowance);
     let inbox = AgentInbox::new(store.clone());
-    let triggers = Triggers::new(store.clone(), rules, inbox.clone());
+    let triggers = Triggers::new(store.clone(), rules, inbox.clone()).with_context(
+        agent_cfg.budgets.context_messages,
+        agent_cfg.budgets.context_chars,
+    );
+    // A rules file edited while the server runs wins over what was set
+    // before it; without one, the rules set at runtime stay.
+    if !opts.data_dir.join("sources.toml").exists() {
+        triggers.load_stored_rules();
+    }
     let idem = crate::idempotency::Idempotency::new(store.clone());
+    let channels =
+        crate::channels::Channels::new(store.clone(), triggers.clone(), shutdown.clone());
 
     let quic_cfg = crate::tls::quic_server_config(&identity.pki, identity.revoked.clone())?;
     let endpoint = quinn::Endpoint::new(
@@ -293,7 +303,14 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         triggers: triggers.clone(),
         idem: idem.clone(),
         key: Arc::new(webhook_key),
+        channels: channels.clone(),
     };
+    let supervisor = tokio::spawn(channels.clone().supervise());
+    let rules_watch = tokio::spawn(crate::triggers::watch_rules_file(
+        opts.data_dir.join("sources.toml"),
+        triggers.clone(),
+        shutdown.clone(),
+    ));
     let webhooks = tokio::spawn(crate::webhook::serve(
         hooks,
         bound.webhook,
@@ -316,6 +333,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         agents: inbox.clone(),
         idem: idem.clone(),
         shutdown: shutdown.clone(),
+        channels: channels.clone(),
     };
     let api = tokio::spawn(crate::admin::serve(
         api,
@@ -331,6 +349,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             commands,
             triggers,
             inbox,
+            channels,
             shutdown: shutdown.clone(),
         },
         agent_cfg,
@@ -343,6 +362,8 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     tcp_endpoint.close(0u32.into(), b"server shutting down");
     tcp_accept.abort();
     webhooks.abort();
+    rules_watch.abort();
+    supervisor.abort();
     gw_tcp.abort();
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
         let _ = gw_quic.await;

@@ -1,12 +1,15 @@
-//! Trigger ingest: every event from a channel (CLI, gRPC, webhook) becomes
-//! a stored trigger on a thread before anything else happens; the fast
-//! path ([`byom_agent::fastpath::decide`], rules from
-//! `<data-dir>/sources.toml`) decides `ignored` or `candidate`, and a
-//! candidate enters the agents' inbox in the same atomic write. Then, in
-//! one place, tails see it and the agents wake.
+//! Trigger ingest: every event from a channel (CLI, gRPC, webhook,
+//! connectors) becomes a stored trigger on a thread before anything else
+//! happens; the fast path ([`byom_agent::fastpath::decide`], rules kept in
+//! the store, changed at runtime) decides `ignored` or `candidate`, and a
+//! candidate enters the agents' inbox in the same atomic write, with the
+//! thread's nearby messages inlined. A provider's message ID is stored
+//! once: a redelivery returns the first trigger. Then, in one place, tails
+//! see it and the agents wake.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use byom_agent::event::{Event, TriggerInfo};
 use byom_agent::fastpath::{self, Rules};
@@ -24,6 +27,53 @@ pub const MAX_TRIGGER_TEXT: usize = 64 * 1024;
 pub const MAX_NAME: usize = 200;
 /// Triggers buffered for slow `events tail` watchers (they skip ahead).
 const TAIL_BUFFER: usize = 256;
+/// Where the routing rules live in the channel state (server-wide).
+pub const RULES_KEY: &str = "sources.toml";
+/// The last refused edit of the rules file, shown by `byom sources`.
+pub const RULES_ERROR_KEY: &str = "sources.error";
+/// Largest context line inlined (one earlier message).
+const CONTEXT_LINE_CHARS: usize = 500;
+/// How long a redelivery waits for the first delivery's trigger to appear
+/// before taking over its message ID (the first crashed mid-ingest).
+const DUPLICATE_GRACE: Duration = Duration::from_millis(200);
+
+/// How often the rules file is looked at for changes.
+const RULES_FILE_POLL: Duration = Duration::from_secs(1);
+
+/// Reloads `path` whenever its content changes: good rules replace the
+/// old ones, a bad edit is refused (the old rules stay, the reason is
+/// logged and shown by `byom sources show`).
+pub async fn watch_rules_file(
+    path: std::path::PathBuf,
+    triggers: Triggers,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut last: Option<String> = std::fs::read_to_string(&path).ok();
+    if let Some(text) = &last {
+        // The file the server started with is in force (load_rules
+        // checked it): keep the store in step.
+        if let Err(e) = triggers.set_rules(text) {
+            triggers.refuse_rules(&format!("{}: {e}", path.display()));
+        }
+    }
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(RULES_FILE_POLL) => {}
+        }
+        let now = std::fs::read_to_string(&path).ok();
+        if now == last {
+            continue;
+        }
+        if let Some(text) = &now {
+            match triggers.set_rules(text) {
+                Ok(()) => tracing::info!("routing rules reloaded from {}", path.display()),
+                Err(e) => triggers.refuse_rules(&format!("{}: {e}", path.display())),
+            }
+        }
+        last = now;
+    }
+}
 
 /// The fast-path rules of `<data-dir>/sources.toml` (none: defaults).
 pub fn load_rules(data_dir: &Path) -> anyhow::Result<Rules> {
@@ -39,9 +89,47 @@ pub fn load_rules(data_dir: &Path) -> anyhow::Result<Rules> {
 #[derive(Clone)]
 pub struct Triggers {
     store: Store,
-    rules: Arc<Rules>,
+    rules: Arc<RwLock<Arc<Rules>>>,
     tail: broadcast::Sender<pb::Trigger>,
     agents: AgentInbox,
+    /// Earlier messages of a thread inlined with a trigger, and their
+    /// characters in all.
+    context_messages: usize,
+    context_chars: usize,
+}
+
+/// How a trigger comes in besides its event.
+#[derive(Default)]
+pub struct Ingest<'a> {
+    /// An idempotency claim to complete in the same write.
+    pub claim: Option<&'a Pending>,
+    /// Stored but not for the agents, with this reason (an event type no
+    /// rule acts on, a routine CI success).
+    pub ignore: Option<String>,
+}
+
+/// What ingest did.
+pub enum Ingested {
+    New(pb::Trigger),
+    /// The provider's message ID was seen before: that trigger.
+    Duplicate(pb::Trigger),
+}
+
+impl Ingested {
+    pub fn trigger(&self) -> &pb::Trigger {
+        match self {
+            Ingested::New(t) | Ingested::Duplicate(t) => t,
+        }
+    }
+}
+
+/// The kind of a CLI or webhook event without one.
+fn default_kind(source: &str, kind: &str) -> String {
+    match (kind, source) {
+        ("", "chat") => "chat".into(),
+        ("", _) => "cli".into(),
+        (k, _) => k.to_string(),
+    }
 }
 
 fn clean(s: &str, max: usize) -> String {
@@ -57,6 +145,8 @@ pub fn info(t: &pb::Trigger) -> TriggerInfo {
         user: t.user.clone(),
         text: t.text.clone(),
         mention: t.mention,
+        user_name: t.user_name.clone(),
+        context: Vec::new(),
     }
 }
 
@@ -64,10 +154,78 @@ impl Triggers {
     pub fn new(store: Store, rules: Rules, agents: AgentInbox) -> Triggers {
         Triggers {
             store,
-            rules: Arc::new(rules),
+            rules: Arc::new(RwLock::new(Arc::new(rules))),
             tail: broadcast::channel(TAIL_BUFFER).0,
             agents,
+            context_messages: 5,
+            context_chars: 2000,
         }
+    }
+
+    /// How much of a thread is inlined with each trigger.
+    pub fn with_context(mut self, messages: usize, chars: usize) -> Triggers {
+        self.context_messages = messages;
+        self.context_chars = chars;
+        self
+    }
+
+    fn rules(&self) -> Arc<Rules> {
+        self.rules.read().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Replaces the routing rules if `text` parses; the old ones stay
+    /// otherwise and the error says why. Stored, so a restart keeps them.
+    pub fn set_rules(&self, text: &str) -> Result<(), String> {
+        let rules = Rules::parse(text)?;
+        self.store
+            .batch(&[
+                Op::channel_state("", RULES_KEY, text.as_bytes()),
+                Op::channel_state("", RULES_ERROR_KEY, b""),
+            ])
+            .map_err(|e| e.to_string())?;
+        if let Ok(mut r) = self.rules.write() {
+            *r = Arc::new(rules);
+        }
+        Ok(())
+    }
+
+    /// The rules in force (as text) and the last refused edit's reason.
+    pub fn rules_text(&self) -> (String, String) {
+        let get = |k| {
+            self.store
+                .channel_state("", k)
+                .ok()
+                .flatten()
+                .map(|v| String::from_utf8_lossy(&v).into_owned())
+                .unwrap_or_default()
+        };
+        (get(RULES_KEY), get(RULES_ERROR_KEY))
+    }
+
+    /// Loads the stored rules (a restart keeps runtime changes).
+    pub fn load_stored_rules(&self) {
+        let (text, _) = self.rules_text();
+        if text.is_empty() {
+            return;
+        }
+        match Rules::parse(&text) {
+            Ok(r) => {
+                if let Ok(mut cur) = self.rules.write() {
+                    *cur = Arc::new(r);
+                }
+            }
+            Err(e) => {
+                tracing::error!("the stored routing rules do not parse ({e}); keeping the defaults")
+            }
+        }
+    }
+
+    /// Records why an edit was refused (the old rules stay).
+    pub fn refuse_rules(&self, why: &str) {
+        tracing::warn!("routing rules edit refused, previous rules stay: {why}");
+        let _ = self
+            .store
+            .put_channel_state("", RULES_ERROR_KEY, why.as_bytes());
     }
 
     /// Every trigger from now on (people's and the agent's replies).
@@ -90,23 +248,140 @@ impl Triggers {
         ev: pb::SendEventRequest,
         claim: Option<&Pending>,
     ) -> Result<pb::Trigger, StoreError> {
+        Ok(self
+            .ingest_with(
+                ev,
+                Ingest {
+                    claim,
+                    ..Default::default()
+                },
+            )
+            .await?
+            .trigger()
+            .clone())
+    }
+
+    /// The thread `source`/`external`, made if new.
+    pub fn thread(
+        &self,
+        source: &str,
+        external: &str,
+        kind: &str,
+    ) -> Result<pb::Thread, StoreError> {
+        let now = byom_wire::now_ms();
+        match self.store.find_thread(source, external)? {
+            Some(t) => Ok(t),
+            None => self.store.create_thread(&pb::Thread {
+                id: ThreadId::new(now).to_string(),
+                source: source.to_string(),
+                external: external.to_string(),
+                created_at_ms: now,
+                last_trigger_ms: now,
+                kind: kind.to_string(),
+            }),
+        }
+    }
+
+    /// A provider message ID already stored: its trigger. Claims the ID
+    /// for `id` otherwise. A claim whose trigger never appeared (its
+    /// ingest died) is taken over after a short wait.
+    async fn claim_external(
+        &self,
+        source: &str,
+        external_id: &str,
+        id: &str,
+    ) -> Result<Option<pb::Trigger>, StoreError> {
+        for attempt in 0..2 {
+            match self.store.claim_channel_message(source, external_id, id)? {
+                None => return Ok(None),
+                Some(first) => {
+                    if let Some(t) = self.store.get_trigger(&first)? {
+                        return Ok(Some(t));
+                    }
+                    if attempt == 0 {
+                        tokio::time::sleep(DUPLICATE_GRACE).await;
+                    }
+                }
+            }
+        }
+        self.store
+            .batch(&[Op::channel_index(source, external_id, id)])?;
+        Ok(None)
+    }
+
+    /// The thread's messages before this one (and the one it replies to),
+    /// oldest first, bounded.
+    fn context(&self, t: &pb::Trigger) -> Vec<String> {
+        if self.context_messages == 0 {
+            return Vec::new();
+        }
+        let line = |x: &pb::Trigger| {
+            let who = if x.user_name.is_empty() {
+                &x.user
+            } else {
+                &x.user_name
+            };
+            let text: String = x.text.chars().take(CONTEXT_LINE_CHARS).collect();
+            format!("{who}: {text}")
+        };
+        let mut lines: Vec<String> = self
+            .store
+            .list_triggers(Some(&t.thread_id), self.context_messages + 1)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|x| x.id != t.id && x.created_at_ms <= t.created_at_ms)
+            // What the owner said to ignore stays out of every agent's view.
+            .filter(|x| !fastpath::is_policy_reason(&x.reason))
+            .take(self.context_messages)
+            .map(|x| line(&x))
+            .collect();
+        lines.reverse();
+        if !t.reply_to.is_empty() {
+            let replied = self
+                .store
+                .channel_message(&t.source, &t.reply_to)
+                .ok()
+                .flatten()
+                .and_then(|id| self.store.get_trigger(&id).ok().flatten());
+            if let Some(r) = replied {
+                let l = format!("(replying to) {}", line(&r));
+                lines.retain(|x| !l.ends_with(x.as_str()));
+                lines.push(l);
+            }
+        }
+        // Newest kept when over budget.
+        let mut total = 0;
+        let mut keep = Vec::new();
+        for l in lines.into_iter().rev() {
+            total += l.chars().count();
+            if total > self.context_chars {
+                break;
+            }
+            keep.push(l);
+        }
+        keep.reverse();
+        keep
+    }
+
+    /// [`Triggers::ingest`] with the options connectors need.
+    pub async fn ingest_with(
+        &self,
+        ev: pb::SendEventRequest,
+        opts: Ingest<'_>,
+    ) -> Result<Ingested, StoreError> {
         let store = &self.store;
         let now = byom_wire::now_ms();
         let source = clean(&ev.source, MAX_NAME);
         let external = clean(&ev.thread, MAX_NAME);
-        let thread = match store.find_thread(&source, &external)? {
-            Some(t) => t,
-            None => {
-                let t = pb::Thread {
-                    id: ThreadId::new(now).to_string(),
-                    source: source.clone(),
-                    external,
-                    created_at_ms: now,
-                    last_trigger_ms: now,
-                };
-                store.create_thread(&t)?
+        let kind = default_kind(&source, &ev.kind);
+        let id = TriggerId::new(now).to_string();
+        let external_id = clean(&ev.external_id, MAX_NAME);
+        if !external_id.is_empty() {
+            if let Some(first) = self.claim_external(&source, &external_id, &id).await? {
+                return Ok(Ingested::Duplicate(first));
             }
-        };
+        }
+        let thread = self.thread(&source, &external, &kind)?;
         let mut text = ev.text;
         if text.len() > MAX_TRIGGER_TEXT {
             let mut cut = MAX_TRIGGER_TEXT;
@@ -117,7 +392,7 @@ impl Triggers {
             text.push_str(" […cut at 64 KiB]");
         }
         let mut t = pb::Trigger {
-            id: TriggerId::new(now).to_string(),
+            id,
             thread_id: thread.id.clone(),
             source,
             user: clean(&ev.user, MAX_NAME),
@@ -125,6 +400,13 @@ impl Triggers {
             mention: ev.mention,
             from_bot: ev.from_bot,
             created_at_ms: now,
+            user_name: clean(&ev.user_name, MAX_NAME),
+            channel: clean(&ev.channel, MAX_NAME),
+            external_id,
+            reply_to: clean(&ev.reply_to, MAX_NAME),
+            link: clean(&ev.link, 2 * MAX_NAME),
+            author_association: clean(&ev.author_association, 40),
+            kind,
             ..Default::default()
         };
         // The owner's policies that need no judgement hold for every
@@ -134,10 +416,12 @@ impl Triggers {
             .into_iter()
             .map(|p| (p.id, p.text))
             .collect();
-        let (decision, reason) = match fastpath::ignored_by_policy(&policies, &t, &thread.external)
-        {
-            Some(why) => (TriggerDecision::Ignored, why),
-            None => fastpath::decide(&self.rules, &t),
+        let (decision, reason) = match (
+            opts.ignore,
+            fastpath::ignored_by_policy(&policies, &t, &thread.external),
+        ) {
+            (Some(why), _) | (None, Some(why)) => (TriggerDecision::Ignored, why),
+            (None, None) => fastpath::decide(&self.rules(), &t),
         };
         t.set_decision(decision);
         t.reason = reason;
@@ -145,9 +429,11 @@ impl Triggers {
         // the agents' inbox, so a candidate is never stored but forgotten.
         let mut ops = vec![Op::trigger(&t)];
         if decision == TriggerDecision::Candidate {
-            ops.push(AgentInbox::op(&Event::Trigger(info(&t))));
+            let mut i = info(&t);
+            i.context = self.context(&t);
+            ops.push(AgentInbox::op(&Event::Trigger(i)));
         }
-        if let Some(p) = claim {
+        if let Some(p) = opts.claim {
             ops.extend(p.ops(&t.id, ""));
         }
         store.batch(&ops)?;
@@ -155,6 +441,6 @@ impl Triggers {
         let _ = store.touch_thread(&thread.id, now);
         let _ = self.tail.send(t.clone());
         self.agents.wake();
-        Ok(t)
+        Ok(Ingested::New(t))
     }
 }

@@ -12,15 +12,13 @@ use byom_protocol::pb;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
-use ring::hmac;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::idempotency::{Claim, Idempotency};
 use crate::triggers::Triggers;
 
-/// Largest webhook body accepted.
-pub const MAX_WEBHOOK_BYTES: usize = 1 << 20;
+pub use crate::signature::{verify, MAX_WEBHOOK_BYTES};
 /// Longest a client may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a webhook connection may stay open.
@@ -39,24 +37,6 @@ fn valid_source(s: &str) -> bool {
         && s.len() <= MAX_SOURCE_LEN
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
-}
-
-fn verify(key: &[u8], body: &[u8], header: Option<&str>) -> bool {
-    let Some(hexsig) = header.and_then(|h| h.trim().strip_prefix("sha256=")) else {
-        return false;
-    };
-    if hexsig.len() != 64 || !hexsig.is_ascii() {
-        return false;
-    }
-    let mut sig = [0u8; 32];
-    for (i, b) in sig.iter_mut().enumerate() {
-        match u8::from_str_radix(&hexsig[2 * i..2 * i + 2], 16) {
-            Ok(v) => *b = v,
-            Err(_) => return false,
-        }
-    }
-    // Constant time.
-    hmac::verify(&hmac::Key::new(hmac::HMAC_SHA256, key), body, &sig).is_ok()
 }
 
 /// Why a webhook body is refused (400).
@@ -83,7 +63,8 @@ pub fn parse_body(source: &str, body: &[u8]) -> Result<pb::SendEventRequest, Bod
         text: text.into(),
         mention: v["mention"].as_bool().unwrap_or(false),
         from_bot: v["from_bot"].as_bool().unwrap_or(false),
-        idempotency_key: String::new(),
+        kind: "webhook".into(),
+        ..Default::default()
     })
 }
 
@@ -101,6 +82,7 @@ pub struct Hooks {
     pub triggers: Triggers,
     pub idem: Idempotency,
     pub key: Arc<Vec<u8>>,
+    pub channels: Arc<crate::channels::Channels>,
 }
 
 async fn handle(
@@ -109,6 +91,10 @@ async fn handle(
 ) -> hyper::Response<Full<Bytes>> {
     if req.method() != hyper::Method::POST {
         return reply(405, json!({"error": "use POST /hooks/SOURCE"}));
+    }
+    let path = req.uri().path().to_string();
+    if path.starts_with("/slack/") || path.starts_with("/github/") {
+        return crate::channels::inbound::handle(&hooks.channels, &path, req).await;
     }
     let Some(source) = req
         .uri()
@@ -214,6 +200,7 @@ pub async fn serve(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use ring::hmac;
 
     fn sign(key: &[u8], body: &[u8]) -> String {
         let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), body);

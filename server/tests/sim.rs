@@ -120,6 +120,7 @@ fn chat(id: &str, thread: &str, text: &str, mention: bool) -> TriggerInfo {
         user: "ada".into(),
         text: text.into(),
         mention,
+        ..Default::default()
     }
 }
 

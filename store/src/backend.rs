@@ -35,10 +35,23 @@ pub enum Space {
     Snapshots,
     /// `scope/caller/key` → what a creating call with that key created.
     Idempotency,
+    /// Connector name → its record (secrets included).
+    Connectors,
+    /// `out_…` → outbox item.
+    Outbox,
+    /// `connector \0 thread \0 created(BE u64) seq(BE u32)` → `out_…` for
+    /// every item still to send, in send order per thread.
+    OutboxQueue,
+    /// `connector \0 provider message ID` → `trg_…`: the messages a
+    /// connector saw or sent, for replies that point at them.
+    ChannelIndex,
+    /// `connector \0 name` → small state a connector keeps (Matrix's
+    /// `since` token); `\0 name` for server-wide settings (routing rules).
+    ChannelState,
 }
 
 impl Space {
-    pub const ALL: [Space; 14] = [
+    pub const ALL: [Space; 19] = [
         Space::Tokens,
         Space::TokenSecrets,
         Space::Machines,
@@ -53,6 +66,11 @@ impl Space {
         Space::Agents,
         Space::Snapshots,
         Space::Idempotency,
+        Space::Connectors,
+        Space::Outbox,
+        Space::OutboxQueue,
+        Space::ChannelIndex,
+        Space::ChannelState,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -70,6 +88,11 @@ impl Space {
             Space::Agents => "agents",
             Space::Snapshots => "snapshots",
             Space::Idempotency => "idempotency",
+            Space::Connectors => "connectors",
+            Space::Outbox => "outbox",
+            Space::OutboxQueue => "outbox_queue",
+            Space::ChannelIndex => "channel_index",
+            Space::ChannelState => "channel_state",
         }
     }
 }

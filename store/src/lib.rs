@@ -4,7 +4,7 @@
 //! put, compare-and-swap, ordered ranges, atomic batches across keyspaces,
 //! a durable flush); sled is the embedded default. [`Store`] builds byom's
 //! typed records on it (tokens, machines, commands with their output,
-//! threads, triggers, policies), so a second backend plugs in without
+//! threads, triggers, policies, connectors and the outbox), so a second backend plugs in without
 //! touching the code above. Records are the protobuf messages of the API.
 //!
 //! It must never know about agents, gRPC, QUIC, TLS or wasmtime: the
@@ -24,8 +24,11 @@ mod channels;
 mod commands;
 mod idempotency;
 mod machines;
+mod outbox;
 mod sled_backend;
 mod tokens;
+
+pub use outbox::OUTBOX_QUEUE_LIMIT;
 
 #[cfg(test)]
 mod tests;

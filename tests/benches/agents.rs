@@ -39,6 +39,7 @@ fn chatter(n: usize, gap_ms: u64) -> Vec<(u64, TriggerInfo)> {
                     user: "ada".into(),
                     text: "good morning, all".into(),
                     mention: false,
+                    ..Default::default()
                 },
             )
         })
@@ -104,6 +105,7 @@ async fn main() -> anyhow::Result<()> {
             mention: i % 2 == 0,
             from_bot: false,
             idempotency_key: String::new(),
+            ..Default::default()
         };
         ingest.ingest(ev).await?;
     }
@@ -141,6 +143,7 @@ async fn main() -> anyhow::Result<()> {
                     user: "ada".into(),
                     text: "please run `uname -s` on lap".into(),
                     mention: true,
+                    ..Default::default()
                 },
             )
         })

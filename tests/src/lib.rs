@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod channels;
 pub mod proxy;
 
 /// Directory holding the `byom` and `byomd` binaries: `BYOM_BIN_DIR`, else

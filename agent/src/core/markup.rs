@@ -20,8 +20,26 @@ fn mention(t: &TriggerInfo) -> &'static str {
 
 /// A trigger as a worker or the Router sees it.
 pub(super) fn trigger(t: &TriggerInfo, chars: usize) -> String {
+    let context = if t.context.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "<context thread={}>\n{}\n</context>\n",
+            t.thread,
+            t.context
+                .iter()
+                .map(|l| escape(l))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    };
+    let name = if t.user_name.is_empty() || t.user_name == t.user {
+        String::new()
+    } else {
+        format!(" name={:?}", escape(&t.user_name))
+    };
     format!(
-        "<event trigger={} thread={} source={} user={}{}>{}</event>",
+        "{context}<event trigger={} thread={} source={} user={}{name}{}>{}</event>",
         t.id,
         t.thread,
         t.source,
@@ -41,8 +59,13 @@ pub(super) fn router_item(it: &RouterItem, b: &Budgets) -> String {
             status,
             text,
         } => format!(
-            "<event report worker={worker} thread={} status={status}>{}</event>",
+            "<event report worker={worker} thread={} threads={} status={status}>{}</event>",
             threads.first().map(String::as_str).unwrap_or("-"),
+            if threads.is_empty() {
+                "-".to_string()
+            } else {
+                threads.join(",")
+            },
             escape(&spill(text, b.report_chars, worker))
         ),
         RouterItem::Question {

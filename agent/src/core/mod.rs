@@ -36,7 +36,6 @@ use crate::Ms;
 use records::Records;
 
 /// Sources whose threads are chat: short replies.
-pub const CHAT_SOURCES: &[&str] = &["chat", "slack", "discord", "teams", "matrix", "irc"];
 /// Events a worker may hold before its next turn; past it the oldest go
 /// (the triggers themselves stay in the store).
 pub const MAX_QUEUED_EVENTS: usize = 1000;

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::ROUTER_FAILURES_BEFORE_NOTICE;
-use super::{backoff, markup, push_bounded, Core, CHAT_SOURCES, MAX_ACTIVE_WORKERS};
+use super::{backoff, markup, push_bounded, Core, MAX_ACTIVE_WORKERS};
 use super::{MAX_OBSERVED, MAX_REPLY_CHARS, MAX_TOOL_CALLS_PER_REPLY};
 use crate::budgets::ROUTER_TURN_STRIDE;
 use crate::event::{Effect, Reply, RouterItem, SessionKind, TriggerInfo};
@@ -284,6 +284,19 @@ impl Core {
                 let thread = str_arg(a, "thread")?;
                 let text = str_arg(a, "text")?;
                 let status = a.get("status").and_then(Value::as_str).unwrap_or("");
+                self.may_post(world, &thread)?;
+                let mut text = text;
+                // Asynchronous channels read structured replies: the parts
+                // the model gave, each under its heading.
+                for (key, heading) in [
+                    ("changed", "What changed"),
+                    ("verified", "How it was verified"),
+                    ("links", "Links"),
+                ] {
+                    if let Some(part) = opt_str(a, key).filter(|p| !p.trim().is_empty()) {
+                        text.push_str(&format!("\n\n{STRUCTURE_MARK}{heading}\n{}", part.trim()));
+                    }
+                }
                 let r = self.reply(world, &thread, &text, status)?;
                 let id = r.id.clone();
                 self.out.push(Effect::Reply(r));
@@ -385,6 +398,28 @@ impl Core {
         }
     }
 
+    /// A reply goes where the work came from: a thread of this turn's
+    /// items (a trigger, a reporting worker's threads, a question) or one
+    /// its connector opens to unprompted posts.
+    fn may_post(&self, world: &dyn World, thread: &str) -> Result<(), String> {
+        let info = world
+            .thread(thread)
+            .ok_or_else(|| format!("no thread {thread}; reply on a thread from an event"))?;
+        let in_turn = self.records.router().turn_items.iter().any(|it| match it {
+            RouterItem::Trigger(t) => t.thread == thread,
+            RouterItem::Bounced { trigger, .. } => trigger.thread == thread,
+            RouterItem::Report { threads, .. } => threads.iter().any(|t| t == thread),
+            RouterItem::Question { thread: t, .. } => t == thread,
+        });
+        if in_turn || info.open {
+            return Ok(());
+        }
+        Err(format!(
+            "{thread} ({}) is not a thread of this turn and its connector does not allow unprompted posts there; reply where the work came from",
+            info.source
+        ))
+    }
+
     /// A reply, shaped by its channel's norms: chat gets at most
     /// `chat_reply_words` words (enforced here, not asked for); other
     /// channels get a structured message.
@@ -395,13 +430,16 @@ impl Core {
         text: &str,
         status: &str,
     ) -> Result<Reply, String> {
-        let source = world
-            .thread_source(thread)
+        let info = world
+            .thread(thread)
             .ok_or_else(|| format!("no thread {thread}; reply on a thread from an event"))?;
+        let source = info.source.clone();
         let text = prompt::spill(text, MAX_REPLY_CHARS, thread);
-        let text = if CHAT_SOURCES.contains(&source.as_str()) {
+        let text = if info.is_chat() {
+            // Headings are for asynchronous channels; chat reads one line.
+            let flat = text.replace(STRUCTURE_MARK, "");
             prompt::limit_words(
-                &text,
+                &flat,
                 self.budgets.chat_reply_words,
                 &format!("byom threads show {thread}"),
             )
@@ -414,9 +452,9 @@ impl Core {
                 .get(thread)
                 .map(|s| s.iter().cloned().collect())
                 .unwrap_or_default();
+            let body = text.trim().replace(STRUCTURE_MARK, "### ");
             format!(
-                "**byom — {status}**\n\n{}\n\n— thread {thread}{}",
-                text.trim(),
+                "**byom — {status}**\n\n### Summary\n{body}\n\n— thread {thread}{}",
                 if workers.is_empty() {
                     String::new()
                 } else {
@@ -433,6 +471,11 @@ impl Core {
         })
     }
 }
+
+/// Starts a heading in a reply: `### ` on asynchronous channels, nothing
+/// in chat. A control character, so no model text makes one by accident
+/// that survives (people's text never reaches a reply unescaped anyway).
+const STRUCTURE_MARK: &str = "\u{1e}";
 
 pub(super) fn str_arg(a: &Value, k: &str) -> Result<String, String> {
     opt_str(a, k).ok_or_else(|| format!("missing string argument {k:?}"))

@@ -96,6 +96,18 @@ impl Core {
                 }
                 Ok(format!("unsubscribed from {}", threads.join(", ")))
             }
+            "watch" => {
+                let name = str_arg(a, "thread")?;
+                let thread = if world.thread(&name).is_some() {
+                    name.clone()
+                } else {
+                    world.find_thread(&name).ok_or_else(|| {
+                        format!("no thread {name}: give a thread ID or SOURCE:NAME on a connector")
+                    })?
+                };
+                self.subscribe(&thread, id);
+                Ok(format!("now watching {thread} ({name})"))
+            }
             "bounce" => {
                 let trg = str_arg(a, "trigger")?;
                 let info = world
@@ -140,5 +152,7 @@ fn parse_trigger_lookup(id: &str, text: &str) -> Option<TriggerInfo> {
         user: v.get("user")?.as_str()?.to_string(),
         text: v.get("text")?.as_str()?.to_string(),
         mention: v.get("mention").and_then(Value::as_bool).unwrap_or(false),
+        user_name: String::new(),
+        context: Vec::new(),
     })
 }

@@ -399,6 +399,7 @@ pub async fn run_with_core<P: Programs>(
                             user: "ada".into(),
                             text: "yes, go ahead".into(),
                             mention: false,
+                            ..Default::default()
                         };
                         agenda.at(world.now + 60_000, Event::Trigger(answer));
                     }

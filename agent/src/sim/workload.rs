@@ -76,6 +76,7 @@ pub fn day(n: usize, seed: u64) -> Vec<(u64, TriggerInfo)> {
                 user,
                 text,
                 mention,
+                ..Default::default()
             },
         ));
     }

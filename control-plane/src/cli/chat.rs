@@ -104,6 +104,8 @@ pub async fn run(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
             mention: true,
             from_bot: false,
             idempotency_key: byom_api::new_key(),
+            kind: "chat".into(),
+            ..Default::default()
         };
         async move {
             byom_api::until_answered(|| {

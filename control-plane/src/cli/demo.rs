@@ -550,6 +550,8 @@ async fn say(c: &mut Client, text: &str) -> anyhow::Result<()> {
         mention: true,
         from_bot: false,
         idempotency_key: byom_api::new_key(),
+        kind: "chat".into(),
+        ..Default::default()
     })
     .await?;
     Ok(())

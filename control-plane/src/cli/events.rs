@@ -25,6 +25,11 @@ pub enum EventsCmd {
         /// The sender is a bot.
         #[arg(long)]
         bot: bool,
+        /// The kind of channel, which sets how replies are written: `chat`
+        /// (short) or `cli` (structured). Default: `chat` for the source
+        /// `chat`, else `cli`.
+        #[arg(long, value_parser = ["chat", "cli", "webhook"])]
+        kind: Option<String>,
         text: String,
         #[arg(long)]
         json: bool,
@@ -54,6 +59,7 @@ pub async fn run(c: &mut Client, cmd: EventsCmd) -> anyhow::Result<i32> {
             user,
             mention,
             bot,
+            kind,
             text,
             json,
         } => {
@@ -65,6 +71,8 @@ pub async fn run(c: &mut Client, cmd: EventsCmd) -> anyhow::Result<i32> {
                 mention,
                 from_bot: bot,
                 idempotency_key: byom_api::new_key(),
+                kind: kind.unwrap_or_default(),
+                ..Default::default()
             };
             let t = byom_api::until_answered(|| {
                 let (mut c, req) = (c.clone(), req.clone());

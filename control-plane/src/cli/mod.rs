@@ -8,6 +8,7 @@ mod approvals;
 mod audit;
 mod chat;
 mod commands;
+mod connectors;
 mod demo;
 mod events;
 mod exec;
@@ -73,6 +74,15 @@ pub enum Cmd {
     /// Events from channels (triggers): send one, list, follow.
     #[command(subcommand)]
     Events(events::EventsCmd),
+    /// Chat and code-review services the agent lives in (Matrix, Slack, GitHub).
+    #[command(subcommand, alias = "connector")]
+    Connectors(connectors::ConnectorsCmd),
+    /// The agent's replies on their way out to connectors.
+    #[command(subcommand)]
+    Outbox(connectors::OutboxCmd),
+    /// Fast-path routing rules per source and channel, changed at runtime.
+    #[command(subcommand)]
+    Sources(connectors::SourcesCmd),
     /// Natural-language policies the Router follows for candidate triggers.
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
@@ -234,6 +244,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Audit(x) => audit::run(&mut connect(g).await?, x).await,
         Cmd::Events(x) => events::run(&mut connect(g).await?, x).await,
         Cmd::Policy(x) => policy::run(&mut connect(g).await?, x).await,
+        Cmd::Connectors(x) => connectors::run(&mut connect(g).await?, x).await,
+        Cmd::Outbox(x) => connectors::outbox(&mut connect(g).await?, x).await,
+        Cmd::Sources(x) => connectors::sources(&mut connect(g).await?, x).await,
         Cmd::Show { id, json } => show::run(&mut connect(g).await?, &id, json).await,
         Cmd::Tasks(x) => tasks::run(&mut connect(g).await?, x).await,
         Cmd::Workers(x) => workers::run(&mut connect(g).await?, x).await,

@@ -172,7 +172,9 @@ pub fn trigger_json(t: &pb::Trigger) -> Value {
     json!({
         "id": t.id, "thread_id": t.thread_id, "source": t.source, "user": t.user, "text": t.text,
         "mention": t.mention, "from_bot": t.from_bot, "created_at": time(t.created_at_ms),
-        "decision": t.decision().name(), "reason": t.reason,
+        "decision": t.decision().name(), "reason": t.reason, "user_name": t.user_name,
+        "channel": t.channel, "external_id": t.external_id, "reply_to": t.reply_to, "link": t.link,
+        "author_association": t.author_association, "kind": t.kind,
     })
 }
 

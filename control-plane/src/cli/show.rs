@@ -35,6 +35,15 @@ pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
                 println!("{}", trigger_line(&t));
                 println!("  thread:   {}", t.thread_id);
                 println!("  decision: {}", safe_line(&t.reason));
+                for (k, v) in [
+                    ("from", &t.user_name),
+                    ("replies to", &t.reply_to),
+                    ("link", &t.link),
+                ] {
+                    if !v.is_empty() {
+                        println!("  {k:<9} {}", safe_line(v));
+                    }
+                }
             }
         }
         Some(Object::Thread(t)) => {

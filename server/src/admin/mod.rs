@@ -49,6 +49,7 @@ pub struct Api {
     pub agents: AgentInbox,
     pub idem: Idempotency,
     pub shutdown: CancellationToken,
+    pub channels: Arc<crate::channels::Channels>,
 }
 
 /// A TLS connection from an authenticated admin.
@@ -406,6 +407,26 @@ impl Admin for Api {
     async fn agent(&self, req: Request<pb::AgentRequest>) -> Reply<pb::AgentResponse> {
         let by = caller(&req);
         self.agent(req.into_inner(), &by).await.map(Response::new)
+    }
+
+    async fn channels(&self, req: Request<pb::AgentRequest>) -> Reply<pb::AgentResponse> {
+        use crate::channels::admin::OpError;
+        let r = req.into_inner();
+        let arg: serde_json::Value = if r.json.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(&r.json)
+                .map_err(|e| Status::invalid_argument(format!("json: {e}")))?
+        };
+        match self.channels.op(&r.op, &r.id, &arg).await {
+            Ok(v) => Ok(Response::new(pb::AgentResponse {
+                json: v.to_string(),
+            })),
+            Err(e @ OpError::Invalid(_)) => Err(Status::invalid_argument(e.to_string())),
+            Err(e @ OpError::NotFound(_)) => Err(Status::not_found(e.to_string())),
+            Err(e @ OpError::Exists(_)) => Err(Status::already_exists(e.to_string())),
+            Err(e @ OpError::Unavailable(_)) => Err(Status::unavailable(e.to_string())),
+        }
     }
 
     type WatchCommandStream = Stream<pb::CommandEvent>;

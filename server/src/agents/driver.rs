@@ -72,6 +72,7 @@ pub struct Handles {
     pub commands: Commands,
     pub triggers: Triggers,
     pub inbox: AgentInbox,
+    pub channels: Arc<crate::channels::Channels>,
     pub shutdown: CancellationToken,
 }
 
@@ -264,11 +265,29 @@ impl Driver {
             })
             .collect();
         let mut replies = Vec::new();
-        for e in &fx {
+        let mut outgoing = Vec::new();
+        for (seq, e) in fx.iter().enumerate() {
             if let Effect::Reply(r) = e {
                 let t = reply_trigger(r);
                 ops.push(Op::trigger(&t));
                 replies.push(t);
+                // Its way out, if the thread is on a connector: in the same
+                // commit, so a reply is never made but not sent, nor sent
+                // twice by a step that runs again.
+                match crate::channels::outbox::item_for(
+                    &self.h.store,
+                    &r.id,
+                    &r.thread,
+                    &r.text,
+                    seq as u32,
+                ) {
+                    Ok(Some(it)) => {
+                        ops.extend(Op::outbox(&it));
+                        outgoing.push(it.connector);
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("cannot read the thread of reply {}: {e}", r.id),
+                }
             }
         }
         if let Some(k) = inbox_key {
@@ -279,6 +298,9 @@ impl Driver {
         }
         for t in replies {
             self.h.triggers.published(t);
+        }
+        for c in outgoing {
+            self.h.channels.outbox_ready(&c);
         }
         // Ended workers live on in the store only: memory stays bounded by
         // the live ones.

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use byom_agent::storage::keys;
+use byom_agent::world::ThreadInfo;
 use byom_agent::World;
 use byom_protocol::id::{encode_body, Kind};
 use byom_protocol::pb;
@@ -86,12 +87,72 @@ impl World for LiveWorld {
         lookup(&self.store, id)
     }
 
-    fn thread_source(&self, thread: &str) -> Option<String> {
+    fn thread(&self, thread: &str) -> Option<ThreadInfo> {
+        let t = self.store.get_thread(thread).ok().flatten()?;
+        let kind = match t.kind.as_str() {
+            // Threads stored before kinds existed.
+            "" if t.source == "chat" => "chat".to_string(),
+            "" => "cli".to_string(),
+            k => k.to_string(),
+        };
+        let open = match self.store.get_connector(&t.source).ok().flatten() {
+            Some(c) => {
+                let channel = crate::channels::thread_channel(&kind, &t.external);
+                c.post_to.iter().any(|p| p == "*" || p == channel)
+            }
+            // byom's own threads (CLI, chat, webhooks) reach no one else.
+            None => true,
+        };
+        Some(ThreadInfo {
+            source: t.source,
+            kind,
+            open,
+        })
+    }
+
+    fn find_thread(&mut self, name: &str) -> Option<String> {
+        let (c, external) = match byom_agent::world::github_thread(name) {
+            // A link: the (first) GitHub connector's thread for it.
+            Some(t) => (
+                self.store
+                    .list_connectors()
+                    .ok()?
+                    .into_iter()
+                    .find(|c| c.kind == "github")?,
+                t,
+            ),
+            None => {
+                let (source, external) = name.split_once(':')?;
+                (
+                    self.store.get_connector(source).ok().flatten()?,
+                    external.to_string(),
+                )
+            }
+        };
+        let source = c.name.as_str();
+        let external: String = external
+            .trim()
+            .chars()
+            .take(crate::triggers::MAX_NAME)
+            .collect();
+        if external.is_empty() {
+            return None;
+        }
+        let now = byom_wire::now_ms();
+        if let Ok(Some(t)) = self.store.find_thread(source, &external) {
+            return Some(t.id);
+        }
         self.store
-            .get_thread(thread)
+            .create_thread(&pb::Thread {
+                id: new_id(Kind::Thread),
+                source: source.to_string(),
+                external,
+                created_at_ms: now,
+                last_trigger_ms: now,
+                kind: c.kind,
+            })
             .ok()
-            .flatten()
-            .map(|t| t.source)
+            .map(|t| t.id)
     }
 }
 
@@ -128,6 +189,7 @@ pub fn lookup(store: &Store, id: &str) -> Option<String> {
             serde_json::to_string_pretty(&json!({
                 "id": t.id, "thread_id": t.thread_id, "source": t.source, "user": t.user,
                 "text": t.text, "mention": t.mention, "from_bot": t.from_bot,
+                "user_name": t.user_name, "link": t.link, "kind": t.kind,
                 "created_at": byom_protocol::time::rfc3339(t.created_at_ms),
                 "decision": t.decision().name(),
             }))

@@ -1,0 +1,128 @@
+//! The connectors' endpoints on the webhook port: `POST /slack/NAME/events`
+//! (Slack's Events API) and `POST /github/NAME` (GitHub's webhooks). The
+//! signature is checked over the raw body before anything is parsed or
+//! stored; a request for a connector that does not exist, or of another
+//! kind, is 404 and tells nothing about the others.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use serde_json::{json, Value};
+
+use super::{github, slack, Channels};
+use crate::signature::MAX_WEBHOOK_BYTES;
+use crate::triggers::{Ingest, Ingested};
+
+fn reply(status: u16, body: Value) -> hyper::Response<Full<Bytes>> {
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap_or_default()
+}
+
+fn header(req: &hyper::Request<hyper::body::Incoming>, k: &str) -> Option<String> {
+    req.headers()
+        .get(k)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// Handles one request to a connector endpoint.
+pub async fn handle(
+    ch: &Channels,
+    path: &str,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<Full<Bytes>> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (kind, name) = match parts.as_slice() {
+        ["slack", name, "events"] => ("slack", *name),
+        ["github", name] => ("github", *name),
+        _ => {
+            return reply(
+                404,
+                json!({"error": "use POST /slack/NAME/events or POST /github/NAME"}),
+            )
+        }
+    };
+    let connector = match ch.store.get_connector(name) {
+        Ok(Some(c)) if c.kind == kind => c,
+        Ok(_) => {
+            return reply(
+                404,
+                json!({"error": format!("no {kind} connector {name:?}")}),
+            )
+        }
+        Err(e) => return reply(503, json!({"error": e.to_string()})),
+    };
+    let slack_ts = header(&req, "x-slack-request-timestamp");
+    let slack_sig = header(&req, "x-slack-signature");
+    let gh_sig = header(&req, "x-hub-signature-256");
+    let gh_event = header(&req, "x-github-event").unwrap_or_default();
+    let gh_delivery = header(&req, "x-github-delivery").unwrap_or_default();
+    let body = match Limited::new(req.into_body(), MAX_WEBHOOK_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return reply(
+                413,
+                json!({"error": format!("body over {MAX_WEBHOOK_BYTES} bytes")}),
+            )
+        }
+    };
+    if kind == "slack" {
+        let now = byom_wire::now_ms() / 1000;
+        if let Err(e) = slack::verify(
+            &connector.secret,
+            slack_ts.as_deref(),
+            slack_sig.as_deref(),
+            &body,
+            now,
+        ) {
+            return reply(401, json!({"error": e}));
+        }
+        let (status, v) = slack::handle(ch, &connector, &body).await;
+        return reply(status, v);
+    }
+    if !crate::signature::verify(connector.secret.as_bytes(), &body, gh_sig.as_deref()) {
+        return reply(
+            401,
+            json!({"error": "bad or missing X-Hub-Signature-256 (sha256=HMAC of the body with the webhook secret)"}),
+        );
+    }
+    if gh_event == "ping" {
+        return reply(200, json!({"ok": true, "pong": true}));
+    }
+    if gh_event.is_empty() || gh_delivery.is_empty() || gh_delivery.len() > 100 {
+        return reply(
+            400,
+            json!({"error": "need X-GitHub-Event and X-GitHub-Delivery"}),
+        );
+    }
+    let payload: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return reply(400, json!({"error": format!("body is not JSON: {e}")})),
+    };
+    let Some(m) = github::event_to_trigger(
+        &connector.name,
+        &gh_event,
+        &gh_delivery,
+        &payload,
+        &connector.bot_login,
+    ) else {
+        return reply(200, json!({"ignored": "the bot's own comment"}));
+    };
+    let opts = Ingest {
+        ignore: m.ignore,
+        ..Default::default()
+    };
+    match ch.triggers.ingest_with(m.ev, opts).await {
+        Ok(Ingested::New(t)) => reply(
+            202,
+            json!({"trigger": t.id, "thread": t.thread_id, "decision": t.decision().name()}),
+        ),
+        Ok(Ingested::Duplicate(t)) => reply(200, json!({"trigger": t.id, "duplicate": true})),
+        Err(e) => reply(503, json!({"error": e.to_string()})),
+    }
+}

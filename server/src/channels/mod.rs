@@ -1,0 +1,249 @@
+//! Channels: the connectors that put the agent where the team talks
+//! (Matrix, Slack, GitHub) and the durable way out.
+//!
+//! Connectors are records in the store, managed at runtime
+//! ([`admin::op`]); [`Channels::supervise`] keeps one set of tasks per
+//! connector running (Matrix's `/sync` long-poll, every connector's
+//! outbox delivery) and restarts them when a record changes. Inbound
+//! webhooks (Slack's Events API, GitHub's webhooks) arrive on the webhook
+//! port ([`crate::webhook`]) and end in [`crate::triggers::Triggers`]. Each
+//! provider maps its messages to triggers (thread, `kind:id` user with a
+//! display name, mention, the message replied to, text, a link back) and
+//! sends outbox items ([`Provider`]).
+
+pub mod admin;
+pub mod github;
+pub mod inbound;
+pub mod markdown;
+pub mod matrix;
+pub mod outbox;
+pub mod slack;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use byom_protocol::pb;
+use byom_store::Store;
+use prost::Message;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::triggers::Triggers;
+
+/// How often the supervisor looks for added, changed or removed
+/// connectors (an admin change also wakes it at once).
+const SUPERVISE_EVERY: Duration = Duration::from_secs(2);
+/// Longest a provider call may take.
+pub const PROVIDER_TIMEOUT: Duration = Duration::from_secs(15);
+/// Longest connector name.
+pub const MAX_CONNECTOR_NAME: usize = 64;
+
+/// The kinds of connector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Matrix,
+    Slack,
+    Github,
+}
+
+impl Kind {
+    pub fn parse(s: &str) -> Option<Kind> {
+        match s {
+            "matrix" => Some(Kind::Matrix),
+            "slack" => Some(Kind::Slack),
+            "github" => Some(Kind::Github),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Matrix => "matrix",
+            Kind::Slack => "slack",
+            Kind::Github => "github",
+        }
+    }
+}
+
+/// Connector names are URL path segments and thread sources.
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_CONNECTOR_NAME
+        && s.as_bytes()[0].is_ascii_lowercase()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_".contains(&b))
+}
+
+/// The channel a thread is in: the room, Slack channel or repository its
+/// external name starts with.
+pub fn thread_channel<'a>(kind: &str, external: &'a str) -> &'a str {
+    let cut = match kind {
+        "github" => external.find(['#', '@']),
+        "matrix" | "slack" => external.find('/'),
+        _ => None,
+    };
+    cut.map_or(external, |i| &external[..i])
+}
+
+/// What a send came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sent {
+    /// Posted; the provider's message ID.
+    Ok(String),
+    /// Try again (after the provider's pause, if it named one).
+    Retry {
+        error: String,
+        after: Option<Duration>,
+    },
+    /// Will never work as it is (the error says why).
+    Fail(String),
+}
+
+/// One provider's way out, and its credential check.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    /// A retried send never posts twice (Matrix transaction IDs).
+    fn idempotent(&self) -> bool;
+    async fn send(&self, item: &pb::OutboxItem) -> Sent;
+    /// Checks the credentials; says who they are.
+    async fn test(&self) -> Result<String, String>;
+}
+
+pub fn provider(c: &pb::Connector, store: &Store) -> Option<Arc<dyn Provider>> {
+    Some(match Kind::parse(&c.kind)? {
+        Kind::Matrix => Arc::new(matrix::Matrix::new(c)),
+        Kind::Slack => Arc::new(slack::SlackApi::new(c)),
+        Kind::Github => Arc::new(github::GithubApi::new(c, store.clone())),
+    })
+}
+
+/// The connectors' running tasks.
+pub struct Channels {
+    pub store: Store,
+    pub triggers: Triggers,
+    pub shutdown: CancellationToken,
+    /// Connector → (its record's bytes when started, its tasks' token, its
+    /// outbox's wake-up).
+    running: Mutex<HashMap<String, Running>>,
+    changed: Notify,
+}
+
+struct Running {
+    record: Vec<u8>,
+    stop: CancellationToken,
+    outbox: Arc<Notify>,
+}
+
+impl Channels {
+    pub fn new(store: Store, triggers: Triggers, shutdown: CancellationToken) -> Arc<Channels> {
+        Arc::new(Channels {
+            store,
+            triggers,
+            shutdown,
+            running: Mutex::new(HashMap::new()),
+            changed: Notify::new(),
+        })
+    }
+
+    /// Connectors were added, changed or removed: look now.
+    pub fn changed(&self) {
+        self.changed.notify_one();
+    }
+
+    /// New outbox items for `connector`.
+    pub fn outbox_ready(&self, connector: &str) {
+        if let Ok(r) = self.running.lock() {
+            if let Some(r) = r.get(connector) {
+                r.outbox.notify_one();
+            }
+        }
+    }
+
+    /// Keeps each stored connector's tasks running, until shutdown.
+    pub async fn supervise(self: Arc<Self>) {
+        loop {
+            self.reconcile();
+            tokio::select! {
+                _ = self.shutdown.cancelled() => break,
+                _ = self.changed.notified() => {}
+                _ = tokio::time::sleep(SUPERVISE_EVERY) => {}
+            }
+        }
+        if let Ok(r) = self.running.lock() {
+            for run in r.values() {
+                run.stop.cancel();
+            }
+        }
+    }
+
+    fn reconcile(self: &Arc<Self>) {
+        let connectors = match self.store.list_connectors() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("cannot read the connectors: {e}");
+                return;
+            }
+        };
+        let Ok(mut running) = self.running.lock() else {
+            return;
+        };
+        running.retain(|name, run| {
+            let keep = connectors
+                .iter()
+                .any(|c| &c.name == name && c.encode_to_vec() == run.record);
+            if !keep {
+                run.stop.cancel();
+            }
+            keep
+        });
+        for c in connectors {
+            if running.contains_key(&c.name) {
+                continue;
+            }
+            let Some(p) = provider(&c, &self.store) else {
+                tracing::warn!(connector = c.name, kind = c.kind, "unknown connector kind");
+                continue;
+            };
+            let stop = self.shutdown.child_token();
+            let wake = Arc::new(Notify::new());
+            tracing::info!(connector = c.name, kind = c.kind, "connector started");
+            tokio::spawn(outbox::deliver(
+                self.store.clone(),
+                c.name.clone(),
+                p,
+                wake.clone(),
+                stop.clone(),
+            ));
+            if c.kind == Kind::Matrix.name() {
+                tokio::spawn(matrix::sync(self.clone(), c.clone(), stop.clone()));
+            }
+            running.insert(
+                c.name.clone(),
+                Running {
+                    record: c.encode_to_vec(),
+                    stop,
+                    outbox: wake,
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_channels() {
+        assert!(valid_name("team") && valid_name("gh-main_2"));
+        for bad in ["", "Team", "1x", "a/b", "a b", &"x".repeat(65)] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+        assert_eq!(thread_channel("github", "acme/app#12"), "acme/app");
+        assert_eq!(thread_channel("github", "acme/app@main"), "acme/app");
+        assert_eq!(thread_channel("matrix", "!r:hs/$ev"), "!r:hs");
+        assert_eq!(thread_channel("matrix", "!r:hs"), "!r:hs");
+        assert_eq!(thread_channel("slack", "C1/1700.1"), "C1");
+        assert_eq!(thread_channel("cli", "x/y"), "x/y");
+    }
+}

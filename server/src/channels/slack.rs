@@ -1,0 +1,381 @@
+//! Slack: the Events API in (`POST /slack/NAME/events` on the webhook
+//! port), the Web API out (`chat.postMessage`).
+//!
+//! In: `X-Slack-Signature` is `v0=` + HMAC-SHA256 of `v0:TIMESTAMP:BODY`
+//! with the signing secret, and requests older than five minutes are
+//! refused (replays). The message is stored before the 200 (Slack waits
+//! three seconds, then retries; retries and the `message`/`app_mention`
+//! pair Slack sends for one message are recognised by the message's
+//! channel and `ts`). A top-level message starts a thread; replies carry
+//! its `thread_ts`.
+//!
+//! Out: `chat.postMessage` with `thread_ts` and mrkdwn; `429` waits for
+//! `Retry-After`; `ok:false` fails with Slack's error name (those Slack
+//! documents as temporary are retried).
+
+use std::time::Duration;
+
+use byom_protocol::pb;
+use ring::hmac;
+use serde_json::{json, Value};
+
+use super::{Channels, Provider, Sent, PROVIDER_TIMEOUT};
+use crate::http::{self, HttpError};
+use crate::triggers::{Ingest, Ingested};
+
+/// Oldest request accepted (Slack's own advice: five minutes).
+pub const MAX_REQUEST_AGE: Duration = Duration::from_secs(300);
+pub const DEFAULT_API: &str = "https://slack.com/api";
+const BOT_USER: &str = "bot_user_id";
+
+/// Slack's error names that mean "try again later".
+const TEMPORARY: [&str; 5] = [
+    "ratelimited",
+    "internal_error",
+    "fatal_error",
+    "service_unavailable",
+    "request_timeout",
+];
+
+/// Checks a request's signature and age; the error is what to answer.
+pub fn verify(
+    secret: &str,
+    timestamp: Option<&str>,
+    signature: Option<&str>,
+    body: &[u8],
+    now_s: u64,
+) -> Result<(), &'static str> {
+    let ts = timestamp.ok_or("missing X-Slack-Request-Timestamp")?;
+    let t: u64 = ts
+        .trim()
+        .parse()
+        .map_err(|_| "bad X-Slack-Request-Timestamp")?;
+    if now_s.abs_diff(t) > MAX_REQUEST_AGE.as_secs() {
+        return Err("request older than five minutes (or from the future): refused");
+    }
+    let hexsig = signature
+        .and_then(|s| s.trim().strip_prefix("v0="))
+        .ok_or("missing or malformed X-Slack-Signature")?;
+    let sig = crate::signature::unhex(hexsig).ok_or("malformed X-Slack-Signature")?;
+    let mut msg = format!("v0:{ts}:").into_bytes();
+    msg.extend_from_slice(body);
+    hmac::verify(
+        &hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes()),
+        &msg,
+        &sig,
+    )
+    .map_err(|_| "bad X-Slack-Signature")
+}
+
+/// What an event callback's event becomes (`None`: not a person's new
+/// message, or the bot's own).
+pub fn event_to_trigger(
+    connector: &str,
+    team: &str,
+    bot_user: &str,
+    ev: &Value,
+) -> Option<pb::SendEventRequest> {
+    let kind = ev["type"].as_str()?;
+    if kind != "message" && kind != "app_mention" {
+        return None;
+    }
+    let subtype = ev["subtype"].as_str().unwrap_or("");
+    if !matches!(
+        subtype,
+        "" | "thread_broadcast" | "file_share" | "bot_message"
+    ) {
+        return None;
+    }
+    let channel = ev["channel"].as_str()?;
+    let ts = ev["ts"].as_str()?;
+    let bot_id = ev["bot_id"].as_str();
+    let who = ev["user"].as_str().or(bot_id)?;
+    if !bot_user.is_empty() && who == bot_user {
+        return None;
+    }
+    let thread_ts = ev["thread_ts"].as_str().unwrap_or(ts);
+    let text = ev["text"].as_str().unwrap_or_default();
+    let mention_tag = format!("<@{bot_user}>");
+    let dm = ev["channel_type"] == "im";
+    let profile = &ev["user_profile"];
+    let name = ["display_name", "real_name", "name"]
+        .iter()
+        .find_map(|k| profile[k].as_str().filter(|s| !s.is_empty()))
+        .unwrap_or(who);
+    Some(pb::SendEventRequest {
+        source: connector.to_string(),
+        thread: format!("{channel}/{thread_ts}"),
+        user: format!("slack:{team}/{who}"),
+        user_name: name.to_string(),
+        text: text.to_string(),
+        mention: kind == "app_mention"
+            || dm
+            || (!bot_user.is_empty() && text.contains(&mention_tag)),
+        from_bot: bot_id.is_some() || subtype == "bot_message",
+        channel: channel.to_string(),
+        external_id: format!("{channel}/{ts}"),
+        reply_to: if thread_ts != ts {
+            format!("{channel}/{thread_ts}")
+        } else {
+            String::new()
+        },
+        link: format!(
+            "https://slack.com/archives/{channel}/p{}",
+            ts.replace('.', "")
+        ),
+        kind: "slack".into(),
+        ..Default::default()
+    })
+}
+
+/// Handles one Events API request (signature already checked): the
+/// status and JSON to answer.
+pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Value) {
+    let v: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return (400, json!({"error": format!("body is not JSON: {e}")})),
+    };
+    match v["type"].as_str() {
+        Some("url_verification") => {
+            return (200, json!({"challenge": v["challenge"]}));
+        }
+        Some("event_callback") => {}
+        other => return (200, json!({"ignored": format!("type {other:?}")})),
+    }
+    let team = v["team_id"].as_str().unwrap_or_default();
+    let bot_user = v["authorizations"][0]["user_id"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| {
+            ch.store
+                .channel_state(&c.name, BOT_USER)
+                .ok()
+                .flatten()
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        })
+        .unwrap_or_default();
+    let Some(mut ev) = event_to_trigger(&c.name, team, &bot_user, &v["event"]) else {
+        return (200, json!({"ignored": "not a new message from a person"}));
+    };
+    if !ev.reply_to.is_empty() {
+        ev.mention |= ch
+            .store
+            .channel_message(&c.name, &ev.reply_to)
+            .ok()
+            .flatten()
+            .and_then(|id| ch.store.get_trigger(&id).ok().flatten())
+            .is_some_and(|t| t.from_bot && t.user == "byom");
+    }
+    match ch.triggers.ingest_with(ev, Ingest::default()).await {
+        Ok(Ingested::New(t)) => (200, json!({"trigger": t.id})),
+        Ok(Ingested::Duplicate(t)) => (200, json!({"trigger": t.id, "duplicate": true})),
+        // Slack retries a 5xx: nothing is lost.
+        Err(e) => (503, json!({"error": e.to_string()})),
+    }
+}
+
+pub struct SlackApi {
+    base: String,
+    token: String,
+}
+
+impl SlackApi {
+    pub fn new(c: &pb::Connector) -> SlackApi {
+        let base = if c.api_url.is_empty() {
+            DEFAULT_API
+        } else {
+            c.api_url.as_str()
+        };
+        SlackApi {
+            base: base.trim_end_matches('/').to_string(),
+            token: c.token.clone(),
+        }
+    }
+
+    async fn call(&self, method: &str, body: &Value) -> Result<http::Reply, HttpError> {
+        http::request(
+            "POST",
+            &format!("{}/{method}", self.base),
+            &[
+                ("authorization", format!("Bearer {}", self.token)),
+                ("content-type", "application/json; charset=utf-8".into()),
+            ],
+            Some(body.to_string().into_bytes()),
+            PROVIDER_TIMEOUT,
+        )
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for SlackApi {
+    fn idempotent(&self) -> bool {
+        false
+    }
+
+    async fn send(&self, item: &pb::OutboxItem) -> Sent {
+        let (channel, thread_ts) = item
+            .external
+            .split_once('/')
+            .unwrap_or((item.external.as_str(), ""));
+        let mut body = json!({
+            "channel": channel,
+            "text": super::markdown::to_mrkdwn(&item.text),
+            "mrkdwn": true,
+            "unfurl_links": false,
+        });
+        if !thread_ts.is_empty() {
+            body["thread_ts"] = json!(thread_ts);
+        }
+        let r = match self.call("chat.postMessage", &body).await {
+            Ok(r) => r,
+            Err(HttpError::Transient(e)) => {
+                return Sent::Retry {
+                    error: e,
+                    after: None,
+                }
+            }
+            Err(HttpError::Permanent(e)) => return Sent::Fail(e),
+        };
+        if r.status == 429 || r.status >= 500 {
+            return Sent::Retry {
+                error: format!("HTTP {}", r.status),
+                after: r.retry_after,
+            };
+        }
+        let v = r.json();
+        if v["ok"] == true {
+            let ts = v["ts"].as_str().unwrap_or_default();
+            return Sent::Ok(format!("{}/{ts}", v["channel"].as_str().unwrap_or(channel)));
+        }
+        let err = v["error"].as_str().unwrap_or("no error name").to_string();
+        if TEMPORARY.contains(&err.as_str()) {
+            Sent::Retry {
+                error: format!("Slack: {err}"),
+                after: r.retry_after,
+            }
+        } else {
+            Sent::Fail(format!("Slack: {err} (HTTP {})", r.status))
+        }
+    }
+
+    async fn test(&self) -> Result<String, String> {
+        let r = self
+            .call("auth.test", &json!({}))
+            .await
+            .map_err(|e| e.to_string())?;
+        let v = r.json();
+        if v["ok"] != true {
+            return Err(format!(
+                "Slack: {} (HTTP {})",
+                v["error"].as_str().unwrap_or("no answer"),
+                r.status
+            ));
+        }
+        Ok(format!(
+            "slack bot {} ({}) in {}",
+            v["user"].as_str().unwrap_or("?"),
+            v["user_id"].as_str().unwrap_or("?"),
+            v["team"].as_str().unwrap_or("?")
+        ))
+    }
+}
+
+/// The bot's user ID from `auth.test`, kept for mention detection when an
+/// event carries no `authorizations`.
+pub async fn learn_bot_user(ch: &Channels, c: &pb::Connector) {
+    let api = SlackApi::new(c);
+    if let Ok(r) = api.call("auth.test", &json!({})).await {
+        if let Some(u) = r.json()["user_id"].as_str() {
+            let _ = ch.store.put_channel_state(&c.name, BOT_USER, u.as_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sign(secret: &str, ts: &str, body: &[u8]) -> String {
+        let mut msg = format!("v0:{ts}:").into_bytes();
+        msg.extend_from_slice(body);
+        let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes()), &msg);
+        format!("v0={}", byom_wire::hex(tag.as_ref()))
+    }
+
+    #[test]
+    fn signatures_and_age() {
+        let body = b"{\"type\":\"event_callback\"}";
+        let sig = sign("s3cret", "1700000000", body);
+        assert!(verify(
+            "s3cret",
+            Some("1700000000"),
+            Some(&sig),
+            body,
+            1_700_000_100
+        )
+        .is_ok());
+        assert!(verify("other", Some("1700000000"), Some(&sig), body, 1_700_000_100).is_err());
+        assert!(verify(
+            "s3cret",
+            Some("1700000000"),
+            Some(&sig),
+            b"x",
+            1_700_000_100
+        )
+        .is_err());
+        // Replayed six minutes later.
+        assert!(verify(
+            "s3cret",
+            Some("1700000000"),
+            Some(&sig),
+            body,
+            1_700_000_360
+        )
+        .is_err());
+        assert!(verify("s3cret", None, Some(&sig), body, 1_700_000_000).is_err());
+        assert!(verify(
+            "s3cret",
+            Some("1700000000"),
+            Some("v1=00"),
+            body,
+            1_700_000_000
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn messages_threads_and_mentions() {
+        let ev = json!({"type": "message", "channel": "C1", "user": "U2", "text": "hi <@UBOT>",
+                        "ts": "1700.0001", "channel_type": "channel"});
+        let t = event_to_trigger("team", "T1", "UBOT", &ev).unwrap();
+        assert_eq!(
+            (
+                t.thread.as_str(),
+                t.user.as_str(),
+                t.mention,
+                t.external_id.as_str()
+            ),
+            ("C1/1700.0001", "slack:T1/U2", true, "C1/1700.0001")
+        );
+        let ev = json!({"type": "message", "channel": "D1", "user": "U2", "text": "hello",
+                        "ts": "1700.0003", "thread_ts": "1700.0002", "channel_type": "im"});
+        let t = event_to_trigger("team", "T1", "UBOT", &ev).unwrap();
+        assert_eq!(
+            (t.thread.as_str(), t.reply_to.as_str(), t.mention),
+            ("D1/1700.0002", "D1/1700.0002", true)
+        );
+        let bot = json!({"type": "message", "subtype": "bot_message", "bot_id": "B9", "channel": "C1", "text": "deploy done", "ts": "1.2"});
+        assert!(
+            event_to_trigger("team", "T1", "UBOT", &bot)
+                .unwrap()
+                .from_bot
+        );
+        let own =
+            json!({"type": "message", "channel": "C1", "user": "UBOT", "text": "x", "ts": "1.3"});
+        assert!(event_to_trigger("team", "T1", "UBOT", &own).is_none());
+        let edit =
+            json!({"type": "message", "subtype": "message_changed", "channel": "C1", "ts": "1.4"});
+        assert!(event_to_trigger("team", "T1", "UBOT", &edit).is_none());
+    }
+}

@@ -1,0 +1,32 @@
+//! What an inbound HTTP request (byom's webhook, GitHub's, Slack's) must
+//! prove and may carry: HMAC-SHA256 signatures checked in constant time,
+//! and the largest body read.
+
+use ring::hmac;
+
+/// Largest webhook body accepted.
+pub const MAX_WEBHOOK_BYTES: usize = 1 << 20;
+
+/// 32 bytes from 64 hex digits.
+pub fn unhex(hexsig: &str) -> Option<[u8; 32]> {
+    if hexsig.len() != 64 || !hexsig.is_ascii() {
+        return None;
+    }
+    let mut sig = [0u8; 32];
+    for (i, b) in sig.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hexsig[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(sig)
+}
+
+/// `sha256=HEX`, the HMAC-SHA256 of `body` with `key` (byom's and
+/// GitHub's webhook signature), checked in constant time.
+pub fn verify(key: &[u8], body: &[u8], header: Option<&str>) -> bool {
+    let Some(sig) = header
+        .and_then(|h| h.trim().strip_prefix("sha256="))
+        .and_then(unhex)
+    else {
+        return false;
+    };
+    hmac::verify(&hmac::Key::new(hmac::HMAC_SHA256, key), body, &sig).is_ok()
+}

@@ -1,0 +1,278 @@
+//! The agent in a Matrix room, against a real Synapse on loopback: a person
+//! posts as any client would (client-server API), the bot's replies land
+//! in that room and thread; a `kill -9` of byom between the message and
+//! the reply still gives exactly one reply; while the homeserver is down
+//! replies wait in the outbox and go out when it returns.
+
+use std::time::Duration;
+
+use byom_tests::channels::{enc, Synapse};
+use byom_tests::{stderr, stdout, wait_for, Daemon, Server};
+use serde_json::{json, Value};
+
+const T: Duration = Duration::from_secs(90);
+
+struct Room {
+    _dir: tempfile::TempDir,
+    server: Server,
+    _lap: Daemon,
+    syn: Synapse,
+    bot: String,
+    ada: String,
+    room: String,
+}
+
+fn setup() -> Room {
+    let (dir, server, lap) = Server::with_lap(&[], &[]);
+    let syn = Synapse::start(dir.path());
+    let (bot, bot_token) = syn.register("byom");
+    let (ada_id, ada) = syn.register("ada");
+    let (st, v) = syn.api(
+        "POST",
+        "/createRoom",
+        &ada,
+        Some(json!({"name": "ops", "invite": [bot]})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let room = v["room_id"].as_str().unwrap().to_string();
+    let token_file = dir.path().join("matrix.token");
+    std::fs::write(&token_file, format!("{bot_token}\n")).unwrap();
+    let out = server.byom(&[
+        "connectors",
+        "add",
+        "matrix",
+        "team",
+        "--homeserver",
+        &syn.url,
+        "--user-id",
+        &bot,
+        "--access-token-file",
+        token_file.to_str().unwrap(),
+        "--invite-from",
+        &ada_id,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !stdout(&out).contains(&bot_token),
+        "the token is never printed"
+    );
+    // The bot accepts ada's invitation.
+    wait_for("the bot to join", T, || {
+        let (_, v) = syn.api(
+            "GET",
+            &format!("/rooms/{}/joined_members", enc(&room)),
+            &ada,
+            None,
+        );
+        v["joined"].get(&bot).map(|_| ())
+    });
+    Room {
+        _dir: dir,
+        server,
+        _lap: lap,
+        syn,
+        bot,
+        ada,
+        room,
+    }
+}
+
+impl Room {
+    fn say(&self, content: Value) -> String {
+        self.syn.send(&self.room, &self.ada, content)
+    }
+
+    fn text(&self, body: &str) -> String {
+        self.say(json!({"msgtype": "m.text", "body": body}))
+    }
+
+    /// The bot's messages in the room, oldest first.
+    fn bot_messages(&self) -> Vec<Value> {
+        let mut v: Vec<Value> = self
+            .syn
+            .messages(&self.room, &self.ada)
+            .into_iter()
+            .filter(|e| e["sender"] == self.bot.as_str())
+            .collect();
+        v.reverse();
+        v
+    }
+
+    fn wait_bot(&self, what: &str) -> Value {
+        wait_for(&format!("the bot to say {what:?}"), T, || {
+            self.bot_messages()
+                .into_iter()
+                .find(|m| m["content"]["body"].as_str().unwrap_or("").contains(what))
+        })
+    }
+
+    fn count_bot(&self, what: &str) -> usize {
+        self.bot_messages()
+            .iter()
+            .filter(|m| m["content"]["body"].as_str().unwrap_or("").contains(what))
+            .count()
+    }
+
+    fn trigger_stored(&self, text: &str) {
+        wait_for(&format!("the trigger {text:?}"), T, || {
+            let ls = self.server.json(&["events", "ls", "--limit", "200"]);
+            ls.as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["text"].as_str().unwrap_or("").contains(text) && t["user"] != "byom")
+                .then_some(())
+        });
+    }
+}
+
+#[test]
+fn a_person_asks_in_a_room_and_the_reply_lands_there() {
+    let r = setup();
+    let test = r.server.json(&["connectors", "test", "team"]);
+    assert_eq!(test["ok"], true, "{test}");
+    assert!(
+        test["identity"].as_str().unwrap().contains(&r.bot),
+        "{test}"
+    );
+    let ls = r.server.json(&["connectors", "ls"]);
+    assert_eq!(ls[0]["kind"], "matrix", "{ls}");
+    assert_eq!(ls[0]["has_token"], true, "{ls}");
+    assert!(
+        !ls.to_string().contains("syt_"),
+        "secrets never come back: {ls}"
+    );
+
+    r.text("byom: please run `echo from-matrix` on lap");
+    let done = r.wait_bot("from-matrix");
+    assert!(done["content"]["formatted_body"].is_string(), "{done}");
+    // Chat norms: short, no headings.
+    assert!(
+        !done["content"]["body"].as_str().unwrap().contains("###"),
+        "{done}"
+    );
+
+    // A thread of its own: the reply goes into it.
+    let root = r.text("release checklist");
+    r.say(
+        json!({"msgtype": "m.text", "body": "byom please run `echo in-thread` on lap",
+                 "m.relates_to": {"rel_type": "m.thread", "event_id": root,
+                                  "is_falling_back": true, "m.in_reply_to": {"event_id": root}}}),
+    );
+    let reply = r.wait_bot("in-thread");
+    assert_eq!(
+        reply["content"]["m.relates_to"]["rel_type"], "m.thread",
+        "{reply}"
+    );
+    assert_eq!(
+        reply["content"]["m.relates_to"]["event_id"],
+        root.as_str(),
+        "{reply}"
+    );
+
+    // Locality: a follow-up in the room reaches the worker with the
+    // thread's earlier messages inlined.
+    r.text("byom: now do the same with `echo other-one` on lap");
+    r.wait_bot("other-one");
+    let workers = r.server.json(&["workers", "ls"]);
+    let transcripts: String = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            r.server
+                .json(&["workers", "show", w["id"].as_str().unwrap()])
+                .to_string()
+        })
+        .collect();
+    assert!(
+        transcripts.contains("<context thread="),
+        "no inlined context"
+    );
+    assert!(
+        transcripts.contains("ada: byom: please run `echo from-matrix` on lap"),
+        "the earlier message is inlined: {transcripts}"
+    );
+
+    // Every reply went out once, with the event ID as its receipt.
+    let out = r.server.json(&["outbox", "ls"]);
+    let items = out.as_array().unwrap();
+    assert!(items.len() >= 4, "{out}");
+    for it in items {
+        assert_eq!(it["state"], "sent", "{it}");
+        assert!(it["receipt"].as_str().unwrap().starts_with('$'), "{it}");
+    }
+    // Messages from the bot's own account are never triggers.
+    let evs = r.server.json(&["events", "ls", "--limit", "200"]);
+    assert!(
+        !evs.as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["user"] == format!("matrix:{}", r.bot).as_str()),
+        "{evs}"
+    );
+}
+
+#[test]
+fn replies_survive_a_crash_and_a_homeserver_outage() {
+    let mut r = setup();
+    // kill -9 between the message and the reply: exactly one reply. The
+    // homeserver is frozen so the reply may be mid-send when byom dies.
+    r.text("byom: please run `echo crash-one` on lap");
+    r.trigger_stored("crash-one");
+    r.syn.freeze(true);
+    std::thread::sleep(Duration::from_millis(300));
+    r.server.kill9();
+    r.syn.freeze(false);
+    r.server.restart();
+    r.wait_bot("`echo crash-one` on lap");
+    // Anything still in flight has had time to land twice, if it could.
+    wait_for("the outbox to empty", T, || {
+        let out = r.server.json(&["outbox", "ls"]);
+        out.as_array()
+            .unwrap()
+            .iter()
+            .all(|it| it["state"] == "sent")
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        r.count_bot("`echo crash-one` on lap"),
+        1,
+        "{:?}",
+        r.bot_messages()
+    );
+    assert_eq!(r.count_bot("On it"), 1, "{:?}", r.bot_messages());
+
+    // The homeserver goes away before the reply is ready: it waits in the
+    // outbox and goes out when the homeserver is back.
+    r.text("byom: please run `sleep 4; echo outage-one` on lap");
+    r.trigger_stored("outage-one");
+    r.syn.stop();
+    let waiting = wait_for("a reply waiting in the outbox", T, || {
+        let out = r.server.json(&["outbox", "ls"]);
+        out.as_array()
+            .unwrap()
+            .iter()
+            .find(|it| {
+                it["state"] == "pending"
+                    && it["text"].as_str().unwrap_or("").contains("outage-one")
+                    && it["attempts"].as_u64().unwrap_or(0) >= 1
+            })
+            .cloned()
+    });
+    assert!(
+        !waiting["last_error"].as_str().unwrap().is_empty(),
+        "{waiting}"
+    );
+    let id = waiting["id"].as_str().unwrap().to_string();
+    let shown = r.server.byom(&["outbox", "show", &id]);
+    assert!(stdout(&shown).contains("pending"), "{}", stdout(&shown));
+    r.syn.restart();
+    r.wait_bot("outage-one");
+    let it = wait_for("the item sent", T, || {
+        let v = r.server.json(&["outbox", "show", &id]);
+        (v["state"] == "sent").then_some(v)
+    });
+    assert!(it["receipt"].as_str().unwrap().starts_with('$'), "{it}");
+    assert_eq!(r.count_bot("outage-one"), 1);
+}

@@ -1,0 +1,306 @@
+//! The agent in Slack: Events API requests shaped as Slack documents them
+//! and signed by Slack's own SDK (slack_sdk's signature module), replies
+//! through `chat.postMessage` on a loopback server that checks the method,
+//! the bot token and the body, and answers as Slack does (including 429
+//! with Retry-After and `ok:false`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use byom_tests::channels::{post_hook, slack_signature, FakeApi, Seen};
+use byom_tests::{stderr, wait_for, Server};
+use serde_json::{json, Value};
+
+const T: Duration = Duration::from_secs(60);
+const TOKEN: &str = "xoxb-test-token-123";
+const SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Slack's Web API: auth.test and chat.postMessage, the first post
+/// answered 429 with Retry-After: 2.
+fn slack_api() -> FakeApi {
+    let posts = Arc::new(AtomicUsize::new(0));
+    FakeApi::start(move |r: &Seen| {
+        let authed = r.header("authorization") == Some(&format!("Bearer {TOKEN}"));
+        if r.method != "POST" || !authed {
+            return (
+                200,
+                vec![],
+                json!({"ok": false, "error": "invalid_auth"}).to_string(),
+            );
+        }
+        match r.path.as_str() {
+            "/api/auth.test" => (
+                200,
+                vec![],
+                json!({"ok": true, "url": "https://acme.slack.com/", "team": "Acme",
+                       "user": "byom", "team_id": "T0001", "user_id": "UBOT"})
+                .to_string(),
+            ),
+            "/api/chat.postMessage" => {
+                let b = r.json();
+                if posts.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return (
+                        429,
+                        vec![("Retry-After".into(), "2".into())],
+                        json!({"ok": false, "error": "ratelimited"}).to_string(),
+                    );
+                }
+                if b["channel"] == "CGONE" {
+                    return (
+                        200,
+                        vec![],
+                        json!({"ok": false, "error": "channel_not_found"}).to_string(),
+                    );
+                }
+                (
+                    200,
+                    vec![],
+                    json!({"ok": true, "channel": b["channel"], "ts": format!("1800000000.{:06}", posts.load(Ordering::SeqCst)),
+                           "message": {"text": b["text"]}})
+                    .to_string(),
+                )
+            }
+            _ => (
+                404,
+                vec![],
+                json!({"ok": false, "error": "unknown_method"}).to_string(),
+            ),
+        }
+    })
+}
+
+fn signed(server: &Server, body: &str, ts: u64) -> (u16, Value) {
+    let sig = slack_signature(SECRET, ts, body);
+    let ts = ts.to_string();
+    post_hook(
+        server.webhook_addr,
+        "/slack/acme/events",
+        &[
+            ("X-Slack-Request-Timestamp", &ts),
+            ("X-Slack-Signature", &sig),
+        ],
+        body,
+    )
+}
+
+/// An `event_callback` as Slack sends it.
+fn callback(event_id: &str, event: Value) -> String {
+    json!({
+        "token": "verification-token-unused", "team_id": "T0001", "api_app_id": "A0001",
+        "event": event, "type": "event_callback", "event_id": event_id,
+        "event_time": now_s(), "authorizations": [{"enterprise_id": null, "team_id": "T0001",
+            "user_id": "UBOT", "is_bot": true, "is_enterprise_install": false}],
+        "is_ext_shared_channel": false, "event_context": "4-eyJldCI6Im1lc3NhZ2UifQ"
+    })
+    .to_string()
+}
+
+fn message(channel: &str, ts: &str, text: &str, extra: Value) -> Value {
+    let mut m = json!({"type": "message", "channel": channel, "user": "U0ADA", "text": text,
+                       "ts": ts, "event_ts": ts, "channel_type": "channel",
+                       "user_profile": {"display_name": "Ada", "real_name": "Ada Lovelace", "name": "ada"}});
+    if let Value::Object(x) = extra {
+        for (k, v) in x {
+            m[k] = v;
+        }
+    }
+    m
+}
+
+fn posts(api: &FakeApi) -> Vec<Seen> {
+    api.requests()
+        .into_iter()
+        .filter(|r| r.path == "/api/chat.postMessage")
+        .collect()
+}
+
+#[test]
+fn slack_events_in_replies_out() {
+    let api = slack_api();
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    let token = dir.path().join("bot.token");
+    let secret = dir.path().join("signing.secret");
+    std::fs::write(&token, TOKEN).unwrap();
+    std::fs::write(&secret, SECRET).unwrap();
+    let out = server.byom(&[
+        "connectors",
+        "add",
+        "slack",
+        "acme",
+        "--bot-token-file",
+        token.to_str().unwrap(),
+        "--signing-secret-file",
+        secret.to_str().unwrap(),
+        "--api-url",
+        &format!("{}/api", api.url()),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let test = server.json(&["connectors", "test", "acme"]);
+    assert_eq!(test["ok"], true, "{test}");
+    assert!(
+        test["identity"].as_str().unwrap().contains("UBOT"),
+        "{test}"
+    );
+
+    // url_verification is answered with the challenge.
+    let body = json!({"token": "x", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", "type": "url_verification"}).to_string();
+    let (st, v) = signed(&server, &body, now_s());
+    assert_eq!(
+        (st, v["challenge"].as_str()),
+        (
+            200,
+            Some("3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P")
+        )
+    );
+
+    // Forged, missing and replayed signatures are refused, nothing stored.
+    let ask = callback(
+        "Ev01ASK",
+        message(
+            "C0OPS",
+            "1700000000.000100",
+            "<@UBOT> please run `echo from-slack` on lap",
+            json!({}),
+        ),
+    );
+    let ts = now_s().to_string();
+    let (st, _) = post_hook(
+        server.webhook_addr,
+        "/slack/acme/events",
+        &[
+            ("X-Slack-Request-Timestamp", &ts),
+            (
+                "X-Slack-Signature",
+                "v0=0000000000000000000000000000000000000000000000000000000000000000",
+            ),
+        ],
+        &ask,
+    );
+    assert_eq!(st, 401);
+    let (st, _) = post_hook(server.webhook_addr, "/slack/acme/events", &[], &ask);
+    assert_eq!(st, 401);
+    let (st, v) = signed(&server, &ask, now_s() - 600);
+    assert_eq!(st, 401, "a request from ten minutes ago is a replay: {v}");
+    let (st, _) = post_hook(server.webhook_addr, "/slack/nope/events", &[], &ask);
+    assert_eq!(st, 404);
+    assert!(server
+        .json(&["events", "ls"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    // The real one: stored before the 200, well within Slack's 3 seconds.
+    let t = Instant::now();
+    let (st, first) = signed(&server, &ask, now_s());
+    assert_eq!(st, 200, "{first}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Slack's retry, and the app_mention Slack sends for the same message,
+    // are the same trigger.
+    let (st, again) = signed(&server, &ask, now_s());
+    assert_eq!(
+        (st, &again["trigger"], &again["duplicate"]),
+        (200, &first["trigger"], &json!(true))
+    );
+    let mention = callback(
+        "Ev01MENTION",
+        message(
+            "C0OPS",
+            "1700000000.000100",
+            "<@UBOT> please run `echo from-slack` on lap",
+            json!({"type": "app_mention"}),
+        ),
+    );
+    let (st, dup) = signed(&server, &mention, now_s());
+    assert_eq!((st, &dup["trigger"]), (200, &first["trigger"]), "{dup}");
+
+    let evs = server.json(&["events", "ls"]);
+    let people: Vec<&Value> = evs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["user"] != "byom")
+        .collect();
+    assert_eq!(people.len(), 1, "{evs}");
+    let trg = people[0];
+    assert_eq!(trg["user"], "slack:T0001/U0ADA", "{trg}");
+    assert_eq!(trg["user_name"], "Ada", "{trg}");
+    assert_eq!(trg["mention"], true, "{trg}");
+    assert_eq!(trg["kind"], "slack", "{trg}");
+
+    // The replies go into the message's thread, with the bot token, as
+    // mrkdwn; the first post's 429 is waited out as Slack asked.
+    let done = wait_for("the result posted", T, || {
+        posts(&api)
+            .into_iter()
+            .find(|p| p.body.contains("from-slack") && p.body.contains("Done"))
+    });
+    let b = done.json();
+    assert_eq!(b["channel"], "C0OPS");
+    assert_eq!(b["thread_ts"], "1700000000.000100");
+    assert_eq!(b["mrkdwn"], true);
+    let all = posts(&api);
+    assert!(all.len() >= 3, "429, then On it, then Done: {all:?}");
+    let gap = all[1].at.duration_since(all[0].at);
+    assert!(
+        gap >= Duration::from_millis(1900),
+        "Retry-After: 2 honoured, waited {gap:?}"
+    );
+
+    // A bot's message is stored and ignored; a DM counts as addressed.
+    let bot = callback(
+        "Ev02BOT",
+        json!({"type": "message", "subtype": "bot_message", "bot_id": "B0DEPLOY", "channel": "C0OPS",
+               "text": "deploy finished", "ts": "1700000001.000100", "channel_type": "channel"}),
+    );
+    let (st, b) = signed(&server, &bot, now_s());
+    assert_eq!(st, 200, "{b}");
+    let bt = server.json(&["show", b["trigger"].as_str().unwrap()]);
+    assert_eq!(bt["decision"], "ignored", "{bt}");
+    let dm = callback(
+        "Ev03DM",
+        message(
+            "D0ADA",
+            "1700000002.000100",
+            "hello there",
+            json!({"channel_type": "im"}),
+        ),
+    );
+    let (_, d) = signed(&server, &dm, now_s());
+    let dt = server.json(&["show", d["trigger"].as_str().unwrap()]);
+    assert_eq!(dt["mention"], true, "{dt}");
+
+    // Slack's ok:false is shown with its error name, and the item fails.
+    let gone = callback(
+        "Ev04GONE",
+        message(
+            "CGONE",
+            "1700000003.000100",
+            "<@UBOT> please run `echo nowhere` on lap",
+            json!({}),
+        ),
+    );
+    assert_eq!(signed(&server, &gone, now_s()).0, 200);
+    let failed = wait_for("a failed outbox item", T, || {
+        let v = server.json(&["outbox", "ls", "--failed"]);
+        v.as_array().unwrap().first().cloned()
+    });
+    assert!(
+        failed["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("channel_not_found"),
+        "{failed}"
+    );
+    assert_eq!(
+        failed["external"].as_str().unwrap(),
+        "CGONE/1700000003.000100"
+    );
+}
