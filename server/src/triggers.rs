@@ -106,6 +106,9 @@ pub struct Ingest<'a> {
     /// Stored but not for the agents, with this reason (an event type no
     /// rule acts on, a routine CI success).
     pub ignore: Option<String>,
+    /// Another provider ID the message is found by (a GitHub comment's,
+    /// besides its delivery's).
+    pub also_known_as: Option<String>,
 }
 
 /// What ingest did.
@@ -435,6 +438,9 @@ impl Triggers {
         }
         if let Some(p) = opts.claim {
             ops.extend(p.ops(&t.id, ""));
+        }
+        if let Some(aka) = &opts.also_known_as {
+            ops.push(Op::channel_index(&t.source, aka, &t.id));
         }
         store.batch(&ops)?;
         store.flush_async().await?;

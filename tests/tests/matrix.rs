@@ -276,3 +276,99 @@ fn replies_survive_a_crash_and_a_homeserver_outage() {
     assert!(it["receipt"].as_str().unwrap().starts_with('$'), "{it}");
     assert_eq!(r.count_bot("outage-one"), 1);
 }
+
+/// The story: asked in Matrix, the worker opens a PR (its command prints
+/// the PR's link, as `gh pr create` does) and watches it; a review comment
+/// on the PR reaches the same worker, and it answers in both places.
+#[test]
+fn a_pr_opened_from_chat_brings_its_review_back() {
+    use byom_tests::channels::{post_hook, FakeApi};
+    let r = setup();
+    let gh = FakeApi::start(|req| {
+        let id = 4000 + req.body.len();
+        (201, vec![], json!({"id": id}).to_string())
+    });
+    let secret = r._dir.path().join("gh.secret");
+    let token = r._dir.path().join("gh.token");
+    std::fs::write(&secret, "s3cret").unwrap();
+    std::fs::write(&token, "ghp_x").unwrap();
+    let out = r.server.byom(&[
+        "connectors",
+        "add",
+        "github",
+        "gh",
+        "--webhook-secret-file",
+        secret.to_str().unwrap(),
+        "--token-file",
+        token.to_str().unwrap(),
+        "--api-url",
+        &gh.url(),
+        "--bot-login",
+        "byom-bot",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    r.text(
+        "byom: please fix the typo: run `echo opened https://github.com/acme/app/pull/7` on lap",
+    );
+    r.wait_bot("opened https://github.com/acme/app/pull/7");
+    let task = wait_for("the worker watching the PR", T, || {
+        let ts = r.server.json(&["tasks", "ls"]);
+        ts.as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["threads"].as_array().is_some_and(|th| th.len() == 2))
+            .cloned()
+    });
+    let threads = r.server.json(&["threads", "ls"]);
+    assert!(
+        threads
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["external"] == "acme/app#7" && t["source"] == "gh"),
+        "{threads}"
+    );
+
+    // A reviewer comments on the PR (GitHub's payload shape).
+    let review = json!({"action": "created", "repository": {"full_name": "acme/app"},
+        "pull_request": {"number": 7, "title": "Fix typo"},
+        "comment": {"id": 9001, "path": "README.md", "body": "please also run `echo review-fixed` on lap",
+                    "html_url": "https://github.com/acme/app/pull/7#discussion_r9001",
+                    "user": {"login": "reviewer", "type": "User"}, "author_association": "MEMBER"},
+        "sender": {"login": "reviewer", "type": "User"}})
+    .to_string();
+    let sig = byom_tests::webhook_sign(b"s3cret", &review);
+    let (st, v) = post_hook(
+        r.server.webhook_addr,
+        "/github/gh",
+        &[
+            ("X-GitHub-Event", "pull_request_review_comment"),
+            ("X-GitHub-Delivery", "rv1"),
+            ("X-Hub-Signature-256", &sig),
+        ],
+        &review,
+    );
+    assert_eq!(st, 202, "{v}");
+    // Answered in both places, by the same worker.
+    r.wait_bot("review-fixed");
+    wait_for("the answer on the PR", T, || {
+        gh.requests().into_iter().find(|q| {
+            q.path == "/repos/acme/app/issues/7/comments" && q.body.contains("review-fixed")
+        })
+    });
+    let w = r
+        .server
+        .json(&["workers", "show", task["id"].as_str().unwrap()])
+        .to_string();
+    assert!(
+        w.contains("echo review-fixed"),
+        "the review reached the worker that opened the PR"
+    );
+    let tasks = r.server.json(&["tasks", "ls"]);
+    assert_eq!(
+        tasks.as_array().unwrap().len(),
+        1,
+        "no second task: {tasks}"
+    );
+}

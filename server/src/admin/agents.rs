@@ -324,7 +324,7 @@ impl Api {
                     .get(&t.id)
                     .map(|s| s.iter().cloned().collect())
                     .unwrap_or_default();
-                json!({"id": t.id, "source": t.source, "external": t.external,
+                json!({"id": t.id, "source": t.source, "external": t.external, "kind": t.kind,
                        "created_at": time(t.created_at_ms), "last_trigger_at": time(t.last_trigger_ms),
                        "workers": subs})
             })

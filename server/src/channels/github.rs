@@ -43,6 +43,8 @@ const FAILED: [&str; 5] = [
 pub struct Mapped {
     pub ev: pb::SendEventRequest,
     pub ignore: Option<String>,
+    /// The comment it carries (`comment/ID`), for replies pointing at it.
+    pub comment: Option<String>,
 }
 
 fn login_is(login: &str, bot: &str) -> bool {
@@ -115,9 +117,6 @@ pub fn event_to_trigger(
         ev.text = text;
         ev.link = s(c, &["html_url"]).to_string();
         ev.author_association = s(c, &["author_association"]).to_string();
-        if let Some(id) = c["id"].as_u64() {
-            ev.external_id = format!("comment/{id}");
-        }
         login.to_string()
     };
     let author = match event {
@@ -147,7 +146,6 @@ pub fn event_to_trigger(
                 _ => format!("{what} #{n} {action}: {title}"),
             };
             let a = comment(&mut ev, it, n, text.trim_end().to_string());
-            ev.external_id = format!("delivery/{delivery}");
             if !matches!(
                 action,
                 "opened" | "reopened" | "edited" | "ready_for_review" | "closed"
@@ -225,13 +223,20 @@ pub fn event_to_trigger(
     if login_is(&author, bot_login) {
         return None;
     }
-    if ignore.is_some() {
-        // An edit or deletion names the same comment as its creation: the
-        // delivery is what is new.
-        ev.external_id = format!("delivery/{delivery}");
-    }
+    // A new comment is findable by its ID (a review reply points at it);
+    // the delivery is what makes a trigger new.
+    let comment = match (event, action) {
+        ("issue_comment" | "pull_request_review_comment", "created") => p["comment"]["id"]
+            .as_u64()
+            .map(|id| format!("comment/{id}")),
+        _ => None,
+    };
     ev.mention = mentions(&ev.text, bot_login);
-    Some(Mapped { ev, ignore })
+    Some(Mapped {
+        ev,
+        ignore,
+        comment,
+    })
 }
 
 /// GitHub's API for one connector: a token, or an App's installation

@@ -115,6 +115,7 @@ pub async fn handle(
     };
     let opts = Ingest {
         ignore: m.ignore,
+        also_known_as: m.comment,
         ..Default::default()
     };
     match ch.triggers.ingest_with(m.ev, opts).await {
