@@ -1,16 +1,23 @@
 //! The fast path: code, per source, no model. Every stored trigger is
 //! decided here first: `ignored` (with the reason) or `candidate` for the
-//! agents. Rules come from `<data-dir>/sources.toml`:
+//! agents. Rules come from `<data-dir>/sources.toml` or `byom sources set`,
+//! per source (a connector's name) and per channel in it (a Matrix room, a
+//! Slack channel, a GitHub repository):
 //!
 //! ```toml
 //! [sources.chat]
 //! mode = "addressed_only"   # ignore | addressed_only | candidate
 //! users = ["ada", "bob"]    # allow-list (empty: anyone)
 //! bots = []                 # bot allow-list (bots are ignored unless listed)
+//!
+//! [sources.team.channels."!ops:example.org"]
+//! mode = "candidate"        # what a channel sets overrides its source
 //! ```
 //!
-//! A source without rules is `candidate`, bots excepted. [`decide`] is a
-//! pure function of the rules and the trigger.
+//! `addressed_only` counts mentions, direct messages and replies to the
+//! bot (connectors set `mention` for all three). A source without rules is
+//! `candidate`, bots excepted. [`decide`] is a pure function of the rules
+//! and the trigger.
 //!
 //! The owner's natural-language policies (`byom policy add`) that need no
 //! judgement ("ignore messages from bob", "ignore the thread deploys",
@@ -38,6 +45,30 @@ pub struct SourceRules {
     pub mode: Mode,
     pub users: Vec<String>,
     pub bots: Vec<String>,
+    /// Per channel: what is set here replaces the source's.
+    pub channels: HashMap<String, ChannelRules>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChannelRules {
+    pub mode: Option<Mode>,
+    pub users: Option<Vec<String>>,
+    pub bots: Option<Vec<String>>,
+}
+
+impl SourceRules {
+    /// The rules in force for `channel`.
+    fn for_channel(&self, channel: &str) -> (Mode, &[String], &[String]) {
+        match self.channels.get(channel) {
+            Some(c) => (
+                c.mode.unwrap_or(self.mode),
+                c.users.as_deref().unwrap_or(&self.users),
+                c.bots.as_deref().unwrap_or(&self.bots),
+            ),
+            None => (self.mode, &self.users, &self.bots),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -192,11 +223,23 @@ pub fn ignored_by_policy(
 /// The fast path: (decision, reason).
 pub fn decide(rules: &Rules, t: &pb::Trigger) -> (TriggerDecision, String) {
     let default = SourceRules::default();
-    let r = rules.sources.get(&t.source).unwrap_or(&default);
+    let src = rules.sources.get(&t.source).unwrap_or(&default);
+    let (mode, users, bots) = src.for_channel(&t.channel);
+    let r = SourceRules {
+        mode,
+        users: users.to_vec(),
+        bots: bots.to_vec(),
+        channels: HashMap::new(),
+    };
+    let place = if src.channels.contains_key(&t.channel) {
+        format!("{} channel {}", t.source, t.channel)
+    } else {
+        t.source.clone()
+    };
     if r.mode == Mode::Ignore {
         return (
             TriggerDecision::Ignored,
-            format!("source {} is ignored", t.source),
+            format!("source {place} is ignored"),
         );
     }
     if t.from_bot && !r.bots.iter().any(|b| b == &t.user) {
@@ -208,13 +251,13 @@ pub fn decide(rules: &Rules, t: &pb::Trigger) -> (TriggerDecision, String) {
     if !t.from_bot && !r.users.is_empty() && !r.users.iter().any(|u| u == &t.user) {
         return (
             TriggerDecision::Ignored,
-            format!("user {} is not in the allow-list of {}", t.user, t.source),
+            format!("user {} is not in the allow-list of {place}", t.user),
         );
     }
     if r.mode == Mode::AddressedOnly && !t.mention {
         return (
             TriggerDecision::Ignored,
-            format!("{} acts only when addressed", t.source),
+            format!("{place} acts only when addressed"),
         );
     }
     (TriggerDecision::Candidate, "passes the fast path".into())
@@ -263,6 +306,26 @@ mod tests {
         );
         assert!(Rules::parse("[sources.x]\nmode = \"sometimes\"").is_err());
         assert!(Rules::parse("[sources.x]\nmod = \"ignore\"").is_err());
+    }
+
+    #[test]
+    fn channels_override_their_source() {
+        let rules = Rules::parse(
+            "[sources.team]\nmode = \"addressed_only\"\n[sources.team.channels.\"!ops:hs\"]\nmode = \"candidate\"\n[sources.team.channels.\"!quiet:hs\"]\nmode = \"ignore\"\n",
+        )
+        .unwrap();
+        let at = |channel: &str, mention: bool| {
+            let mut t = ev("team", "matrix:@ada:hs", mention, false);
+            t.channel = channel.into();
+            decide(&rules, &t)
+        };
+        assert_eq!(at("!ops:hs", false).0, TriggerDecision::Candidate);
+        assert_eq!(at("!other:hs", false).0, TriggerDecision::Ignored);
+        assert_eq!(at("!other:hs", true).0, TriggerDecision::Candidate);
+        let (d, why) = at("!quiet:hs", true);
+        assert_eq!(d, TriggerDecision::Ignored);
+        assert!(why.contains("channel !quiet:hs"), "{why}");
+        assert!(Rules::parse("[sources.team.channels.x]\nmod = \"ignore\"").is_err());
     }
 
     #[test]

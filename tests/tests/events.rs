@@ -176,3 +176,58 @@ fn router_policies_add_list_remove_and_survive_a_restart() {
     assert!(!server.byom(&["policy", "add", "  "]).status.success());
     let _ = b;
 }
+
+/// The rules file is reloaded when it changes: a good edit takes effect
+/// without a restart, a bad one is refused (the rules stay, the reason is
+/// shown by `byom sources show`), and `byom sources set` changes them too.
+#[test]
+fn routing_rules_change_at_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let send = |user: &str| {
+        server.json(&[
+            "events", "send", "--source", "chat", "--thread", "general", "--user", user, "chatter",
+        ])
+    };
+    assert_eq!(send("ada")["decision"], "candidate");
+    let file = server.data_dir.join("sources.toml");
+    std::fs::write(&file, "[sources.chat]\nmode = \"addressed_only\"\n").unwrap();
+    byom_tests::wait_for("the edit to take effect", Duration::from_secs(20), || {
+        (send("ada")["decision"] == "ignored").then_some(())
+    });
+    std::fs::write(&file, "[sources.chat]\nmode = \"whenever\"\n").unwrap();
+    let shown = byom_tests::wait_for("the bad edit refused", Duration::from_secs(20), || {
+        let v = server.json(&["sources", "show"]);
+        (!v["last_refused_edit"].as_str().unwrap().is_empty()).then_some(v)
+    });
+    assert!(
+        shown["last_refused_edit"]
+            .as_str()
+            .unwrap()
+            .contains("whenever"),
+        "{shown}"
+    );
+    assert!(
+        shown["rules"].as_str().unwrap().contains("addressed_only"),
+        "{shown}"
+    );
+    assert_eq!(
+        send("ada")["decision"],
+        "ignored",
+        "the previous rules stay"
+    );
+    let human = server.byom(&["sources", "show"]);
+    assert!(stdout(&human).contains("refused"), "{}", stdout(&human));
+
+    let other = dir.path().join("rules.toml");
+    std::fs::write(&other, "[sources.chat]\nmode = \"ignore\"\n").unwrap();
+    let ok = server.byom(&["sources", "check", other.to_str().unwrap()]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    let set = server.byom(&["sources", "set", other.to_str().unwrap()]);
+    assert!(set.status.success(), "{}", stderr(&set));
+    let v = send("ada");
+    assert!(v["reason"].as_str().unwrap().contains("ignored"), "{v}");
+    std::fs::write(&other, "[sources.chat]\nmode = 3\n").unwrap();
+    let bad = server.byom(&["sources", "check", other.to_str().unwrap()]);
+    assert!(!bad.status.success());
+}

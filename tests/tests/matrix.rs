@@ -265,7 +265,7 @@ fn replies_survive_a_crash_and_a_homeserver_outage() {
         "{waiting}"
     );
     let id = waiting["id"].as_str().unwrap().to_string();
-    let shown = r.server.byom(&["outbox", "show", &id]);
+    let shown = r.server.byom(&["show", &id]);
     assert!(stdout(&shown).contains("pending"), "{}", stdout(&shown));
     r.syn.restart();
     r.wait_bot("outage-one");

@@ -517,3 +517,138 @@ fn broken_state_is_named_by_the_invariant_check() {
     let e = broken.check_invariants().unwrap_err();
     assert!(e.contains("idle") && e.contains(&id), "{e}");
 }
+
+fn replies(fx: &[Effect]) -> Vec<Reply> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Reply(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A reply goes where the work came from; another thread only where its
+/// connector allows unprompted posts.
+#[test]
+fn replies_go_to_the_threads_of_the_turn() {
+    let mut core = Core::new(Budgets::default());
+    let mut w = TestWorld::new();
+    w.threads.insert("thr_gh".into(), "github".into());
+    core.handle(&mut w, trig("trg_1", "thr_1", "hello"));
+    let fx = router_step(
+        &mut core,
+        &mut w,
+        vec![
+            (
+                "reply",
+                json!({"thread": "thr_gh", "text": "posting elsewhere"}),
+            ),
+            ("reply", json!({"thread": "thr_1", "text": "hi"})),
+        ],
+    );
+    let r = replies(&fx);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0].thread, "thr_1");
+    let refused = core
+        .router()
+        .conversation
+        .messages()
+        .iter()
+        .any(|m| m.role == Role::Tool && m.text.contains("not a thread of this turn"));
+    assert!(refused);
+    // Once the connector opens it, the Router may post there.
+    w.open_sources.push("github".into());
+    core.handle(&mut w, trig("trg_2", "thr_1", "again"));
+    let fx = router_step(
+        &mut core,
+        &mut w,
+        vec![("reply", json!({"thread": "thr_gh", "text": "now allowed"}))],
+    );
+    assert_eq!(replies(&fx).len(), 1);
+}
+
+/// Norms by the thread's kind: chat is short with a pointer to the rest,
+/// GitHub gets a summary with headed parts.
+#[test]
+fn reply_norms_come_from_the_channel_kind() {
+    let mut core = Core::new(Budgets::default());
+    let mut w = TestWorld::new();
+    w.threads.insert("thr_m".into(), "matrix".into());
+    w.threads.insert("thr_gh".into(), "github".into());
+    let mut t = trig("trg_1", "thr_m", "x");
+    if let Event::Trigger(i) = &mut t {
+        i.source = "matrix".into();
+    }
+    core.handle(&mut w, t);
+    let long = "word ".repeat(300);
+    let fx = router_step(
+        &mut core,
+        &mut w,
+        vec![(
+            "reply",
+            json!({"thread": "thr_m", "text": long, "changed": "a file"}),
+        )],
+    );
+    let r = &replies(&fx)[0];
+    assert!(r.text.split_whitespace().count() <= 110, "{}", r.text);
+    assert!(r.text.contains("byom threads show thr_m"), "{}", r.text);
+    assert!(!r.text.contains("###"), "{}", r.text);
+    // The turn ends; the next one is about the GitHub thread.
+    router_step(&mut core, &mut w, vec![]);
+
+    let mut t = trig("trg_2", "thr_gh", "x");
+    if let Event::Trigger(i) = &mut t {
+        i.source = "github".into();
+    }
+    core.handle(&mut w, t);
+    let fx = router_step(
+        &mut core,
+        &mut w,
+        vec![(
+            "reply",
+            json!({"thread": "thr_gh", "text": "Fixed the typo.", "changed": "README.md",
+                   "verified": "`make check` passed", "links": "https://github.com/acme/app/pull/7"}),
+        )],
+    );
+    let r = &replies(&fx)[0];
+    for part in [
+        "### Summary\nFixed the typo.",
+        "### What changed\nREADME.md",
+        "### How it was verified",
+        "### Links",
+    ] {
+        assert!(r.text.contains(part), "{part:?} in {}", r.text);
+    }
+}
+
+/// `watch` subscribes a worker to another thread, named or linked.
+#[test]
+fn workers_watch_other_threads() {
+    let mut core = Core::new(Budgets::default());
+    let mut w = TestWorld::new();
+    let id = with_worker(&mut core, &mut w);
+    worker_step(
+        &mut core,
+        &mut w,
+        &id,
+        vec![(
+            "watch",
+            json!({"thread": "https://github.com/acme/app/pull/7"}),
+        )],
+    );
+    let pr = w.named_threads["github:acme/app#7"].clone();
+    assert!(core.router().subs[&pr].contains(&id));
+    assert!(core.workers()[&id].threads.contains(&pr));
+    worker_step(
+        &mut core,
+        &mut w,
+        &id,
+        vec![("watch", json!({"thread": "nonsense"}))],
+    );
+    let said = core.workers()[&id]
+        .conversation
+        .messages()
+        .iter()
+        .any(|m| m.role == Role::Tool && m.text.contains("no thread nonsense"));
+    assert!(said);
+}

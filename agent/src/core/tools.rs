@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use byom_protocol::id::Kind;
 use serde_json::Value;
 
 use super::router::{opt_str, str_arg};
@@ -98,7 +99,9 @@ impl Core {
             }
             "watch" => {
                 let name = str_arg(a, "thread")?;
-                let thread = if world.thread(&name).is_some() {
+                let thread = if name.starts_with(Kind::Thread.prefix())
+                    && world.thread(&name).is_some()
+                {
                     name.clone()
                 } else {
                     world.find_thread(&name).ok_or_else(|| {

@@ -89,7 +89,7 @@ pub enum Cmd {
     /// Who ran what where: the command audit trail.
     #[command(subcommand)]
     Audit(audit::AuditCmd),
-    /// Show any object by ID (mch_, cmd_, tok_, trg_, thr_, wrk_, apr_, snp_) or a machine by name.
+    /// Show any object by ID (mch_, cmd_, tok_, trg_, thr_, wrk_, apr_, snp_, out_) or a machine by name.
     Show {
         id: String,
         #[arg(long)]

@@ -11,6 +11,13 @@ use super::output::{
 
 pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
     use pb::show_response::Object;
+    if id.starts_with(byom_protocol::id::Kind::Outbox.prefix()) {
+        let cmd = super::connectors::OutboxCmd::Show {
+            id: id.to_string(),
+            json,
+        };
+        return super::connectors::outbox(c, cmd).await;
+    }
     match c
         .show(pb::ShowRequest { id: id.to_string() })
         .await?

@@ -235,6 +235,112 @@ pub fn retry(store: &Store, id: &str) -> Result<pb::OutboxItem, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// A provider that fails thread `thr_bad` until told otherwise and
+    /// records what it sent.
+    struct Fake {
+        idempotent: bool,
+        sent: Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Provider for Fake {
+        fn idempotent(&self) -> bool {
+            self.idempotent
+        }
+        async fn send(&self, it: &pb::OutboxItem) -> Sent {
+            if it.thread_id == "thr_bad" {
+                return Sent::Retry {
+                    error: "HTTP 502".into(),
+                    after: Some(Duration::from_secs(60)),
+                };
+            }
+            self.sent.lock().unwrap().push(it.text.clone());
+            Sent::Ok(format!("r-{}", it.text))
+        }
+        async fn test(&self) -> Result<String, String> {
+            Ok("fake".into())
+        }
+    }
+
+    fn item(store: &Store, thread: &str, text: &str, seq: u32) -> pb::OutboxItem {
+        item_on(store, "c", thread, text, seq)
+    }
+
+    fn item_on(
+        store: &Store,
+        connector: &str,
+        thread: &str,
+        text: &str,
+        seq: u32,
+    ) -> pb::OutboxItem {
+        let mut it = pb::OutboxItem {
+            id: crate::agents::world::new_id(Kind::Outbox),
+            connector: connector.into(),
+            thread_id: thread.into(),
+            text: text.into(),
+            created_at_ms: 1000,
+            seq,
+            ..Default::default()
+        };
+        it.set_state(OutboxState::OutboxPending);
+        store.batch(&byom_store::Op::outbox(&it)).unwrap();
+        it
+    }
+
+    #[tokio::test]
+    async fn in_order_per_thread_and_one_stuck_thread_blocks_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        // Made in one step: the order is seq, not the random IDs.
+        for (i, t) in ["one", "two", "three"].iter().enumerate() {
+            item(&store, "thr_ok", t, i as u32);
+        }
+        let stuck = item(&store, "thr_bad", "stuck", 0);
+        item(&store, "thr_bad", "after-stuck", 1);
+        let fake = Fake {
+            idempotent: true,
+            sent: Mutex::new(Vec::new()),
+        };
+        let stop = CancellationToken::new();
+        for _ in 0..4 {
+            pass(&store, "c", &fake, &stop).await.unwrap();
+        }
+        assert_eq!(*fake.sent.lock().unwrap(), ["one", "two", "three"]);
+        let s = store.get_outbox(&stuck.id).unwrap().unwrap();
+        assert_eq!(s.state(), OutboxState::OutboxPending);
+        assert_eq!((s.attempts, s.last_error.as_str()), (1, "HTTP 502"));
+        assert_eq!(store.outbox_queue_len("c", 100).unwrap(), 2);
+        // A failed item comes back with retry, at its thread's head.
+        let mut f = s.clone();
+        f.set_state(OutboxState::OutboxFailed);
+        store.update_outbox(&f).unwrap();
+        assert_eq!(store.outbox_queue_len("c", 100).unwrap(), 1);
+        assert_eq!(retry(&store, &stuck.id).unwrap().attempts, 0);
+        assert_eq!(store.outbox_queue("c", 100).unwrap()[0].1, stuck.id);
+    }
+
+    #[test]
+    fn a_send_cut_by_a_crash_is_marked_where_the_provider_cannot_dedupe() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let mut a = item(&store, "thr_1", "a", 0);
+        a.in_flight = true;
+        store.update_outbox(&a).unwrap();
+        let mut b = item_on(&store, "m", "thr_2", "b", 0);
+        b.in_flight = true;
+        store.update_outbox(&b).unwrap();
+        recover(&store, "c", false);
+        recover(&store, "m", true);
+        let a = store.get_outbox(&a.id).unwrap().unwrap();
+        assert!(a.maybe_duplicate && !a.in_flight);
+        let b = store.get_outbox(&b.id).unwrap().unwrap();
+        assert!(
+            !b.maybe_duplicate && !b.in_flight,
+            "transaction IDs make a resend safe"
+        );
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {
