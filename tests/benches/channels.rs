@@ -245,7 +245,7 @@ fn latency() {
                 .as_array()
                 .cloned()
                 .unwrap_or_default();
-            if evs.iter().any(|e| pred(e)) {
+            if evs.iter().any(pred) {
                 return true;
             }
         }
