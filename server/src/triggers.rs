@@ -31,6 +31,9 @@ const TAIL_BUFFER: usize = 256;
 pub const RULES_KEY: &str = "sources.toml";
 /// The last refused edit of the rules file, shown by `byom sources`.
 pub const RULES_ERROR_KEY: &str = "sources.error";
+/// Triggers (of all threads, newest first) looked through for a thread's
+/// earlier messages: ingest's cost stays bounded as the store grows.
+const CONTEXT_SCAN: usize = 2000;
 /// Largest context line inlined (one earlier message).
 const CONTEXT_LINE_CHARS: usize = 500;
 /// How long a redelivery waits for the first delivery's trigger to appear
@@ -329,7 +332,7 @@ impl Triggers {
         };
         let mut lines: Vec<String> = self
             .store
-            .list_triggers(Some(&t.thread_id), self.context_messages + 1)
+            .recent_on_thread(&t.thread_id, self.context_messages + 1, CONTEXT_SCAN)
             .unwrap_or_default()
             .into_iter()
             .filter(|x| x.id != t.id && x.created_at_ms <= t.created_at_ms)

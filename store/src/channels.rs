@@ -70,6 +70,25 @@ impl Store {
         self.get_msg(Space::Triggers, id)
     }
 
+    /// Up to `limit` triggers of `thread`, newest first, among the newest
+    /// `scan` triggers of all threads: bounded work however long the store
+    /// has run (a quiet thread's old messages are not looked for).
+    pub fn recent_on_thread(
+        &self,
+        thread: &str,
+        limit: usize,
+        scan: usize,
+    ) -> Result<Vec<pb::Trigger>> {
+        let mut seen = 0usize;
+        self.scan_newest(Space::Triggers, limit, |t: &pb::Trigger| {
+            seen += 1;
+            if seen > scan {
+                return None;
+            }
+            Some(t.thread_id == thread)
+        })
+    }
+
     /// Newest first, optionally on one thread.
     pub fn list_triggers(&self, thread: Option<&str>, limit: usize) -> Result<Vec<pb::Trigger>> {
         self.scan_newest(Space::Triggers, limit, |t: &pb::Trigger| {

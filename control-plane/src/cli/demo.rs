@@ -5,7 +5,9 @@
 //! becomes a task on the laptop, a follow-up passes through to its worker,
 //! a program spawns three subagents and asks for approval, the server is
 //! killed during the pause and restarted, the approval comes from the CLI,
-//! and the program continues. Cleans up after itself.
+//! and the program continues; last, asked in chat, the worker opens a PR on
+//! a simulated GitHub and watches it, and a review comment on the PR comes
+//! back to it and is answered in both places. Cleans up after itself.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -649,6 +651,8 @@ async fn agent_story(
     print!("   {}", String::from_utf8_lossy(&out.stdout));
     tl.replies(&mut c, 5).await?;
 
+    pr_story(&mut c, &mut tl, info).await?;
+
     let tasks = agent(&mut c, "tasks", "", Value::Null).await?;
     let workers = agent(&mut c, "workers", "", Value::Null).await?;
     let r = agent(&mut c, "router", "", Value::Null).await?;
@@ -679,6 +683,164 @@ async fn agent_story(
     );
     println!("   the server was killed once mid-task; nothing was lost and nothing ran twice");
     println!("   see it yourself: byom threads show demo | byom tasks show {task}  (with --keep)");
+    Ok(())
+}
+
+/// A stand-in for GitHub's REST API on loopback: it takes comments and
+/// keeps them for the demo to show.
+fn simulated_github() -> anyhow::Result<(
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+)> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}", l.local_addr()?);
+    let comments: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>> = Default::default();
+    let keep = comments.clone();
+    std::thread::spawn(move || {
+        for mut conn in l.incoming().flatten() {
+            let Ok(clone) = conn.try_clone() else {
+                continue;
+            };
+            let mut r = BufReader::new(clone);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+            let mut len = 0usize;
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0).min(1 << 20);
+                }
+            }
+            let mut body = vec![0u8; len];
+            let _ = r.read_exact(&mut body);
+            let text = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["body"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            let id = if let Ok(mut c) = keep.lock() {
+                c.push((path, text));
+                c.len()
+            } else {
+                0
+            };
+            let reply = format!("{{\"id\": {id}}}");
+            let _ = write!(
+                conn,
+                "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+        }
+    });
+    Ok((url, comments))
+}
+
+/// Waits until the simulated GitHub has `n` comments; prints the new ones.
+async fn github_comments(
+    comments: &std::sync::Mutex<Vec<(String, String)>>,
+    shown: &mut usize,
+    n: usize,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        let now: Vec<(String, String)> = comments.lock().map(|c| c.clone()).unwrap_or_default();
+        for (path, text) in now.iter().skip(*shown) {
+            let first = text
+                .lines()
+                .find(|l| !l.starts_with('#') && !l.starts_with("**") && !l.is_empty());
+            println!(
+                "   [GitHub] comment via {path}: {}",
+                crate::cli::safe(first.unwrap_or(""))
+            );
+        }
+        *shown = now.len();
+        if now.len() >= n {
+            return Ok(());
+        }
+        if t.elapsed() > STEP_TIMEOUT {
+            bail!("no comment reached the simulated GitHub in time");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The channels story, offline: asked in chat, the worker opens a PR (on a
+/// simulated GitHub) and watches it; a review comment on the PR comes back
+/// to the same worker, which answers in both places.
+async fn pr_story(
+    c: &mut Client,
+    tl: &mut Timeline,
+    info: &serde_json::Value,
+) -> anyhow::Result<()> {
+    let (url, comments) = simulated_github()?;
+    let secret = "demo-webhook-secret";
+    c.channels(pb::AgentRequest {
+        op: "connector_add".into(),
+        json: serde_json::json!({"kind": "github", "name": "gh", "api_url": url, "secret": secret,
+                                 "token": "demo-token", "bot_login": "byom-bot"})
+        .to_string(),
+        ..Default::default()
+    })
+    .await?;
+    println!("\n14. GitHub joins (`byom connectors add github gh …`, a simulated GitHub on loopback): asked in chat, the worker opens a PR and watches it");
+    say(c, "please fix the README typo: run `echo opened https://github.com/acme/app/pull/7` on demo-laptop").await?;
+    tl.replies(c, 6).await?;
+    let mut shown = 0;
+    github_comments(&comments, &mut shown, 1).await?;
+
+    println!("\n15. a reviewer comments on the PR (a signed webhook to /github/gh): it reaches the same worker, which answers in both places");
+    let review = serde_json::json!({"action": "created", "repository": {"full_name": "acme/app"},
+        "pull_request": {"number": 7, "title": "Fix README typo"},
+        "comment": {"id": 9001, "path": "README.md", "body": "please also run `echo review addressed` on demo-laptop",
+                    "html_url": "https://github.com/acme/app/pull/7#discussion_r9001",
+                    "user": {"login": "reviewer", "type": "User"}, "author_association": "MEMBER"},
+        "sender": {"login": "reviewer", "type": "User"}})
+    .to_string();
+    let tag = ring::hmac::sign(
+        &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes()),
+        review.as_bytes(),
+    );
+    let addr = info["webhook_addr"].as_str().unwrap_or("127.0.0.1:7445");
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let req = format!(
+        "POST /github/gh HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nX-GitHub-Event: pull_request_review_comment\r\nX-GitHub-Delivery: demo-1\r\nX-Hub-Signature-256: sha256={}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{review}",
+        byom_wire::hex(tag.as_ref()),
+        review.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes()).await?;
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut s, &mut answer).await?;
+    if !answer.starts_with("HTTP/1.1 202") {
+        bail!(
+            "the webhook was refused: {}",
+            answer.lines().next().unwrap_or("")
+        );
+    }
+    tl.replies(c, 7).await?;
+    github_comments(&comments, &mut shown, 2).await?;
+    let threads = crate::cli::agent(c, "threads", "", serde_json::Value::Null).await?;
+    let pr = threads
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|t| t["external"] == "acme/app#7");
+    if let Some(pr) = pr {
+        println!(
+            "   thread {} (acme/app#7) is watched by {}: no new task, no Router decision for the review",
+            pr["id"].as_str().unwrap_or("?"),
+            crate::cli::safe(
+                &pr["workers"]
+                    .as_array()
+                    .map(|w| w.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", "))
+                    .unwrap_or_default()
+            )
+        );
+    }
     Ok(())
 }
 

@@ -232,6 +232,110 @@ impl Channels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// JSON trees built from the keys the providers' payloads use, so the
+    /// mappers meet near-misses of real payloads, not only noise.
+    fn payload() -> impl Strategy<Value = Value> {
+        let keys = prop::sample::select(vec![
+            "type",
+            "event",
+            "subtype",
+            "channel",
+            "ts",
+            "thread_ts",
+            "user",
+            "bot_id",
+            "text",
+            "channel_type",
+            "user_profile",
+            "sender",
+            "event_id",
+            "content",
+            "body",
+            "msgtype",
+            "m.relates_to",
+            "rel_type",
+            "m.in_reply_to",
+            "m.mentions",
+            "user_ids",
+            "action",
+            "repository",
+            "full_name",
+            "issue",
+            "number",
+            "comment",
+            "login",
+            "pull_request",
+            "review",
+            "state",
+            "check_run",
+            "workflow_run",
+            "pull_requests",
+            "head_branch",
+            "conclusion",
+            "id",
+            "in_reply_to_id",
+            "organization",
+            "is_falling_back",
+        ]);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[a-z@!$#:./ ]{0,12}".prop_map(Value::from),
+            prop::sample::select(vec![
+                "message",
+                "m.room.message",
+                "m.thread",
+                "created",
+                "completed",
+                "failure",
+                "app_mention"
+            ])
+            .prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 64, 8, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map(keys.clone(), inner, 0..6).prop_map(|m| {
+                    Value::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+                }),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Whatever a provider (or an attacker with a valid signature)
+        /// sends: a trigger or nothing, never a panic.
+        #[test]
+        fn any_payload_maps_or_is_dropped(p in payload(), event in "[a-z_]{0,20}") {
+            let _ = matrix::event_to_trigger("m", "!r:hs", &p, "@bot:hs", &Default::default());
+            let _ = matrix::event_to_trigger("m", "!r:hs", &p["event"], "@bot:hs", &Default::default());
+            let _ = slack::event_to_trigger("s", "T1", "UBOT", &p);
+            let _ = slack::event_to_trigger("s", "T1", "UBOT", &p["event"]);
+            for e in [event.as_str(), "issue_comment", "issues", "pull_request", "pull_request_review",
+                      "pull_request_review_comment", "check_run", "check_suite", "workflow_run"] {
+                let _ = github::event_to_trigger("g", e, "d1", &p, "bot");
+            }
+        }
+
+        /// A Slack signature verifies only for its body, secret and time.
+        #[test]
+        fn slack_signatures_bind_body_and_time(body in prop::collection::vec(any::<u8>(), 0..200),
+                                               other in prop::collection::vec(any::<u8>(), 0..200),
+                                               skew in 0u64..1000) {
+            use ring::hmac;
+            let ts = 1_700_000_000u64;
+            let mut msg = format!("v0:{ts}:").into_bytes();
+            msg.extend_from_slice(&body);
+            let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, b"sec"), &msg);
+            let sig = format!("v0={}", byom_wire::hex(tag.as_ref()));
+            let r = slack::verify("sec", Some(&ts.to_string()), Some(&sig), &other, ts + skew);
+            prop_assert_eq!(r.is_ok(), other == body && skew <= 300);
+        }
+    }
 
     #[test]
     fn names_and_channels() {
