@@ -686,16 +686,16 @@ async fn agent_story(
     Ok(())
 }
 
+/// (path, body) of each comment the simulated GitHub took.
+type Comments = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
 /// A stand-in for GitHub's REST API on loopback: it takes comments and
 /// keeps them for the demo to show.
-fn simulated_github() -> anyhow::Result<(
-    String,
-    std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
-)> {
+fn simulated_github() -> anyhow::Result<(String, Comments)> {
     use std::io::{BufRead, BufReader, Read, Write};
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     let url = format!("http://{}", l.local_addr()?);
-    let comments: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>> = Default::default();
+    let comments: Comments = Default::default();
     let keep = comments.clone();
     std::thread::spawn(move || {
         for mut conn in l.incoming().flatten() {
