@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::idempotency::{Claim, Idempotency};
 use crate::triggers::Triggers;
 
-pub use crate::signature::{verify, MAX_WEBHOOK_BYTES};
+use crate::http_in::reply;
+pub use crate::http_in::{verify, MAX_WEBHOOK_BYTES};
 /// Longest a client may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a webhook connection may stay open.
@@ -66,14 +67,6 @@ pub fn parse_body(source: &str, body: &[u8]) -> Result<pb::SendEventRequest, Bod
         kind: "webhook".into(),
         ..Default::default()
     })
-}
-
-fn reply(status: u16, body: Value) -> hyper::Response<Full<Bytes>> {
-    hyper::Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap_or_default()
 }
 
 /// What a webhook connection works with.

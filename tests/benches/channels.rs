@@ -14,7 +14,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use byom_tests::channels::{enc, post_hook, Synapse};
+use byom_tests::channels::{enc, matrix_room, post_hook, MatrixRoom, Synapse};
 use byom_tests::{webhook_sign, Server};
 use ring::hmac;
 use serde_json::{json, Value};
@@ -191,42 +191,7 @@ fn inbound() {
 fn latency() {
     let (dir, server, _lap) = Server::with_lap(&[], &[]);
     let syn = Synapse::start(dir.path());
-    let (bot, bot_token) = syn.register("byom");
-    let (ada_id, ada) = syn.register("ada");
-    let (_, v) = syn.api("POST", "/createRoom", &ada, Some(json!({"invite": [bot]})));
-    let room = v["room_id"].as_str().unwrap().to_string();
-    let tf = dir.path().join("tok");
-    std::fs::write(&tf, &bot_token).unwrap();
-    assert!(server
-        .byom(&[
-            "connectors",
-            "add",
-            "matrix",
-            "team",
-            "--homeserver",
-            &syn.url,
-            "--user-id",
-            &bot,
-            "--access-token-file",
-            tf.to_str().unwrap(),
-            "--invite-from",
-            &ada_id
-        ])
-        .status
-        .success());
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(60) {
-        let (_, v) = syn.api(
-            "GET",
-            &format!("/rooms/{}/joined_members", enc(&room)),
-            &ada,
-            None,
-        );
-        if v["joined"].get(&bot).is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let MatrixRoom { bot, ada, room, .. } = matrix_room(&server, &syn, dir.path());
     // ada's own sync, from now on.
     let (_, v) = syn.api("GET", "/sync?timeout=0", &ada, None);
     let mut since = v["next_batch"].as_str().unwrap().to_string();

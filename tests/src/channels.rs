@@ -533,3 +533,98 @@ pub fn post_hook(
 ) -> (u16, Value) {
     http("POST", &format!("http://{addr}{path}"), headers, Some(body))
 }
+
+/// A room on a Synapse where `ada` invited the bot, the bot connected to
+/// a byom server as the Matrix connector `team` and joined.
+pub struct MatrixRoom {
+    pub bot: String,
+    pub bot_token: String,
+    pub ada_id: String,
+    /// ada's access token.
+    pub ada: String,
+    pub room: String,
+}
+
+/// Registers the bot and ada on `syn`, makes ada's room with the bot
+/// invited, adds the connector to `server` (the token from a file in
+/// `dir`) and waits until the bot has joined.
+pub fn matrix_room(server: &crate::Server, syn: &Synapse, dir: &Path) -> MatrixRoom {
+    let (bot, bot_token) = syn.register("byom");
+    let (ada_id, ada) = syn.register("ada");
+    let (st, v) = syn.api(
+        "POST",
+        "/createRoom",
+        &ada,
+        Some(json!({"name": "ops", "invite": [bot]})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let room = v["room_id"].as_str().unwrap().to_string();
+    let token_file = dir.join("matrix.token");
+    std::fs::write(&token_file, format!("{bot_token}\n")).unwrap();
+    let out = server.byom(&[
+        "connectors",
+        "add",
+        "matrix",
+        "team",
+        "--homeserver",
+        &syn.url,
+        "--user-id",
+        &bot,
+        "--access-token-file",
+        token_file.to_str().unwrap(),
+        "--invite-from",
+        &ada_id,
+    ]);
+    assert!(out.status.success(), "{}", crate::stderr(&out));
+    assert!(
+        !crate::stdout(&out).contains(&bot_token),
+        "the token is never printed"
+    );
+    crate::wait_for("the bot to join", Duration::from_secs(90), || {
+        let (_, v) = syn.api(
+            "GET",
+            &format!("/rooms/{}/joined_members", enc(&room)),
+            &ada,
+            None,
+        );
+        v["joined"].get(&bot).map(|_| ())
+    });
+    MatrixRoom {
+        bot,
+        bot_token,
+        ada_id,
+        ada,
+        room,
+    }
+}
+
+/// Adds the GitHub connector `name` to `server` with webhook secret
+/// `secret` (written to a file in `dir`), the API at `api`, the bot's
+/// login, and `auth` (`--token-file F` or `--app-id N --private-key-file F`).
+pub fn connect_github(
+    server: &crate::Server,
+    dir: &Path,
+    name: &str,
+    secret: &str,
+    api: &str,
+    bot_login: &str,
+    auth: &[&str],
+) {
+    let f = dir.join(format!("{name}.secret"));
+    std::fs::write(&f, secret).unwrap();
+    let mut args = vec![
+        "connectors",
+        "add",
+        "github",
+        name,
+        "--webhook-secret-file",
+        f.to_str().unwrap(),
+        "--api-url",
+        api,
+        "--bot-login",
+        bot_login,
+    ];
+    args.extend_from_slice(auth);
+    let out = server.byom(&args);
+    assert!(out.status.success(), "{}", crate::stderr(&out));
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
-use byom_tests::channels::{octokit_examples, post_hook, FakeApi, Seen};
+use byom_tests::channels::{connect_github, octokit_examples, post_hook, FakeApi, Seen};
 use byom_tests::{stderr, wait_for, webhook_sign, Server};
 use serde_json::{json, Value};
 
@@ -22,23 +22,7 @@ const TOKEN: &str = "ghp_test_token_0123456789";
 const BOT: &str = "byom-bot";
 
 fn add(server: &Server, dir: &std::path::Path, api: &str, auth: &[&str]) {
-    let secret = dir.join("gh.secret");
-    std::fs::write(&secret, SECRET).unwrap();
-    let mut args = vec![
-        "connectors",
-        "add",
-        "github",
-        "gh",
-        "--webhook-secret-file",
-        secret.to_str().unwrap(),
-        "--api-url",
-        api,
-        "--bot-login",
-        BOT,
-    ];
-    args.extend_from_slice(auth);
-    let out = server.byom(&args);
-    assert!(out.status.success(), "{}", stderr(&out));
+    connect_github(server, dir, "gh", SECRET, api, BOT, auth);
 }
 
 fn deliver(server: &Server, event: &str, delivery: &str, body: &str) -> (u16, Value) {
@@ -435,24 +419,20 @@ fn comments_go_out_with_a_token_or_as_an_app() {
         .unwrap();
     assert!(der.status.success());
     let app_api = github_api(Some(der.stdout));
-    let secret = dir.path().join("gh.secret");
-    let out = server.byom(&[
-        "connectors",
-        "add",
-        "github",
+    connect_github(
+        &server,
+        dir.path(),
         "ghapp",
-        "--webhook-secret-file",
-        secret.to_str().unwrap(),
-        "--app-id",
-        "42",
-        "--private-key-file",
-        key.to_str().unwrap(),
-        "--api-url",
+        SECRET,
         &app_api.url(),
-        "--bot-login",
         "byom-app",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+        &[
+            "--app-id",
+            "42",
+            "--private-key-file",
+            key.to_str().unwrap(),
+        ],
+    );
     let shown = server.json(&["connectors", "show", "ghapp"]);
     assert_eq!(shown["has_private_key"], true);
     assert!(!shown.to_string().contains("PRIVATE KEY"), "{shown}");

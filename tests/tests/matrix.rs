@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use byom_tests::channels::{enc, Synapse};
-use byom_tests::{stderr, stdout, wait_for, Daemon, Server};
+use byom_tests::channels::{connect_github, matrix_room, Synapse};
+use byom_tests::{stdout, wait_for, Daemon, Server};
 use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(90);
@@ -25,55 +25,15 @@ struct Room {
 fn setup() -> Room {
     let (dir, server, lap) = Server::with_lap(&[], &[]);
     let syn = Synapse::start(dir.path());
-    let (bot, bot_token) = syn.register("byom");
-    let (ada_id, ada) = syn.register("ada");
-    let (st, v) = syn.api(
-        "POST",
-        "/createRoom",
-        &ada,
-        Some(json!({"name": "ops", "invite": [bot]})),
-    );
-    assert_eq!(st, 200, "{v}");
-    let room = v["room_id"].as_str().unwrap().to_string();
-    let token_file = dir.path().join("matrix.token");
-    std::fs::write(&token_file, format!("{bot_token}\n")).unwrap();
-    let out = server.byom(&[
-        "connectors",
-        "add",
-        "matrix",
-        "team",
-        "--homeserver",
-        &syn.url,
-        "--user-id",
-        &bot,
-        "--access-token-file",
-        token_file.to_str().unwrap(),
-        "--invite-from",
-        &ada_id,
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        !stdout(&out).contains(&bot_token),
-        "the token is never printed"
-    );
-    // The bot accepts ada's invitation.
-    wait_for("the bot to join", T, || {
-        let (_, v) = syn.api(
-            "GET",
-            &format!("/rooms/{}/joined_members", enc(&room)),
-            &ada,
-            None,
-        );
-        v["joined"].get(&bot).map(|_| ())
-    });
+    let m = matrix_room(&server, &syn, dir.path());
     Room {
         _dir: dir,
         server,
         _lap: lap,
         syn,
-        bot,
-        ada,
-        room,
+        bot: m.bot,
+        ada: m.ada,
+        room: m.room,
     }
 }
 
@@ -288,25 +248,17 @@ fn a_pr_opened_from_chat_brings_its_review_back() {
         let id = 4000 + req.body.len();
         (201, vec![], json!({"id": id}).to_string())
     });
-    let secret = r._dir.path().join("gh.secret");
     let token = r._dir.path().join("gh.token");
-    std::fs::write(&secret, "s3cret").unwrap();
     std::fs::write(&token, "ghp_x").unwrap();
-    let out = r.server.byom(&[
-        "connectors",
-        "add",
-        "github",
+    connect_github(
+        &r.server,
+        r._dir.path(),
         "gh",
-        "--webhook-secret-file",
-        secret.to_str().unwrap(),
-        "--token-file",
-        token.to_str().unwrap(),
-        "--api-url",
+        "s3cret",
         &gh.url(),
-        "--bot-login",
         "byom-bot",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+        &["--token-file", token.to_str().unwrap()],
+    );
 
     r.text(
         "byom: please fix the typo: run `echo opened https://github.com/acme/app/pull/7` on lap",

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use byom_api::Client;
-use byom_protocol::pb;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
@@ -163,18 +162,8 @@ fn secret(path: &Path, what: &str) -> anyhow::Result<String> {
 
 /// One channels request.
 async fn call(c: &mut Client, op: &str, id: &str, body: Value) -> anyhow::Result<Value> {
-    let req = pb::AgentRequest {
-        op: op.into(),
-        id: id.into(),
-        json: if body.is_null() {
-            String::new()
-        } else {
-            body.to_string()
-        },
-        idempotency_key: String::new(),
-    };
-    let r = c.channels(req).await?.into_inner();
-    serde_json::from_str(&r.json).context("the server sent a reply that is not JSON")
+    let r = c.channels(super::agent::request(op, id, &body)).await?;
+    super::agent::answer(r.into_inner())
 }
 
 fn add_body(cmd: AddCmd) -> anyhow::Result<(Value, bool)> {

@@ -9,16 +9,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use serde_json::{json, Value};
 
 use super::{github, slack, Channels};
-use crate::signature::MAX_WEBHOOK_BYTES;
+use crate::http_in::{reply, MAX_WEBHOOK_BYTES};
 use crate::triggers::{Ingest, Ingested};
-
-fn reply(status: u16, body: Value) -> hyper::Response<Full<Bytes>> {
-    hyper::Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap_or_default()
-}
 
 fn header(req: &hyper::Request<hyper::body::Incoming>, k: &str) -> Option<String> {
     req.headers()
@@ -85,7 +77,7 @@ pub async fn handle(
         let (status, v) = slack::handle(ch, &connector, &body).await;
         return reply(status, v);
     }
-    if !crate::signature::verify(connector.secret.as_bytes(), &body, gh_sig.as_deref()) {
+    if !crate::http_in::verify(connector.secret.as_bytes(), &body, gh_sig.as_deref()) {
         return reply(
             401,
             json!({"error": "bad or missing X-Hub-Signature-256 (sha256=HMAC of the body with the webhook secret)"}),

@@ -56,7 +56,7 @@ pub fn verify(
     let hexsig = signature
         .and_then(|s| s.trim().strip_prefix("v0="))
         .ok_or("missing or malformed X-Slack-Signature")?;
-    let sig = crate::signature::unhex(hexsig).ok_or("malformed X-Slack-Signature")?;
+    let sig = crate::http_in::unhex(hexsig).ok_or("malformed X-Slack-Signature")?;
     let mut msg = format!("v0:{ts}:").into_bytes();
     msg.extend_from_slice(body);
     hmac::verify(

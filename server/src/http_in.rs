@@ -1,8 +1,20 @@
-//! What an inbound HTTP request (byom's webhook, GitHub's, Slack's) must
-//! prove and may carry: HMAC-SHA256 signatures checked in constant time,
-//! and the largest body read.
+//! Inbound HTTP on the webhook port (byom's webhook, GitHub's, Slack's):
+//! what a request must prove (HMAC-SHA256 signatures, checked in constant
+//! time), the largest body read, and how it is answered (JSON).
 
+use bytes::Bytes;
+use http_body_util::Full;
 use ring::hmac;
+use serde_json::Value;
+
+/// A JSON answer.
+pub fn reply(status: u16, body: Value) -> hyper::Response<Full<Bytes>> {
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap_or_default()
+}
 
 /// Largest webhook body accepted.
 pub const MAX_WEBHOOK_BYTES: usize = 1 << 20;
