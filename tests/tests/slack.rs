@@ -130,19 +130,28 @@ fn slack_events_in_replies_out() {
     let secret = dir.path().join("signing.secret");
     std::fs::write(&token, TOKEN).unwrap();
     std::fs::write(&secret, SECRET).unwrap();
-    let out = server.byom(&[
-        "connectors",
-        "add",
-        "slack",
-        "acme",
-        "--bot-token-file",
-        token.to_str().unwrap(),
-        "--signing-secret-file",
-        secret.to_str().unwrap(),
-        "--api-url",
-        &format!("{}/api", api.url()),
-    ]);
+    let api_url = format!("{}/api", api.url());
+    let add = |url: &str| {
+        server.byom(&[
+            "connectors",
+            "add",
+            "slack",
+            "acme",
+            "--bot-token-file",
+            token.to_str().unwrap(),
+            "--signing-secret-file",
+            secret.to_str().unwrap(),
+            "--api-url",
+            url,
+        ])
+    };
+    let out = add(&api_url);
     assert!(out.status.success(), "{}", stderr(&out));
+    // The same add again (a retry) is the first; a different one is refused.
+    assert!(add(&api_url).status.success());
+    let other = add("http://127.0.0.1:9/api");
+    assert!(!other.status.success());
+    assert!(stderr(&other).contains("exists"), "{}", stderr(&other));
     let test = server.json(&["connectors", "test", "acme"]);
     assert_eq!(test["ok"], true, "{test}");
     assert!(

@@ -194,10 +194,23 @@ impl Channels {
         match op {
             "connector_add" => {
                 let c = connector_from(arg)?;
-                self.store.create_connector(&c).map_err(|e| match e {
-                    byom_store::StoreError::Conflict(m) => OpError::Exists(m),
-                    e => OpError::Unavailable(e.to_string()),
-                })?;
+                match self.store.create_connector(&c) {
+                    Ok(()) => {}
+                    // The same add again (a retry after a lost answer):
+                    // the first result.
+                    Err(byom_store::StoreError::Conflict(m)) => {
+                        let old = self.get(&c.name)?;
+                        let same = pb::Connector {
+                            created_at_ms: old.created_at_ms,
+                            ..c.clone()
+                        };
+                        if old != same {
+                            return Err(OpError::Exists(m));
+                        }
+                        return Ok(view(&old, self.pending(&old.name)));
+                    }
+                    Err(e) => return Err(unavailable(e)),
+                }
                 self.store.flush_async().await.map_err(unavailable)?;
                 self.changed();
                 Ok(view(&c, 0))
