@@ -25,14 +25,19 @@ pub enum ConnectorsCmd {
     },
     /// One connector (secrets are never shown).
     Show {
+        /// The connector's name: lower-case letters, digits, '-' or '_' (its webhook path and its threads' source).
         name: String,
         #[arg(long)]
         json: bool,
     },
     /// Remove a connector (its unsent replies stay in the outbox).
-    Rm { name: String },
+    Rm {
+        /// The connector's name.
+        name: String,
+    },
     /// Check a connector's credentials against the provider.
     Test {
+        /// The connector's name: lower-case letters, digits, '-' or '_' (its webhook path and its threads' source).
         name: String,
         #[arg(long)]
         json: bool,
@@ -53,6 +58,7 @@ pub struct Common {
 pub enum AddCmd {
     /// A Matrix bot account: `--homeserver https://matrix.example.org --user-id @byom:example.org --access-token-file token`.
     Matrix {
+        /// The connector's name: lower-case letters, digits, '-' or '_' (its webhook path and its threads' source).
         name: String,
         #[arg(long)]
         homeserver: String,
@@ -72,6 +78,7 @@ pub enum AddCmd {
     },
     /// A Slack app: Events API to `POST /slack/NAME/events` on the webhook port.
     Slack {
+        /// The connector's name: lower-case letters, digits, '-' or '_' (its webhook path and its threads' source).
         name: String,
         /// The bot token, `xoxb-…` (`-`: stdin).
         #[arg(long = "bot-token-file")]
@@ -87,6 +94,7 @@ pub enum AddCmd {
     },
     /// GitHub, with a token or as a GitHub App: webhooks to `POST /github/NAME`.
     Github {
+        /// The connector's name: lower-case letters, digits, '-' or '_' (its webhook path and its threads' source).
         name: String,
         /// The webhook's secret.
         #[arg(long = "webhook-secret-file")]
@@ -94,6 +102,7 @@ pub enum AddCmd {
         /// A personal or fine-grained token (or use --app-id and --private-key-file).
         #[arg(long = "token-file", conflicts_with_all = ["app_id", "private_key_file"])]
         token_file: Option<PathBuf>,
+        /// The GitHub App's ID (with --private-key-file).
         #[arg(long = "app-id", requires = "private_key_file")]
         app_id: Option<u64>,
         /// The App's private key (PEM, as GitHub gives it).
