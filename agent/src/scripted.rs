@@ -578,18 +578,9 @@ fn worker_rules(req: &Request) -> Vec<(String, Value)> {
 /// GitHub pull request and issue links in `text`.
 fn github_links(text: &str) -> Vec<String> {
     text.split(|c: char| c.is_whitespace() || "()<>\"'`".contains(c))
-        .filter_map(|w| {
-            let rest = w.strip_prefix("https://github.com/")?;
-            let parts: Vec<&str> = rest.trim_end_matches(['.', ',']).split('/').collect();
-            match parts.as_slice() {
-                [o, r, "pull" | "issues", n]
-                    if n.parse::<u64>().is_ok() && !o.is_empty() && !r.is_empty() =>
-                {
-                    Some(format!("https://github.com/{o}/{r}/{}/{n}", parts[2]))
-                }
-                _ => None,
-            }
-        })
+        .map(|w| w.trim_end_matches(['.', ',']))
+        .filter(|w| crate::world::github_thread(w).is_some())
+        .map(str::to_string)
         .collect()
 }
 

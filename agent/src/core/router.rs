@@ -285,7 +285,7 @@ impl Core {
                 let text = str_arg(a, "text")?;
                 let status = a.get("status").and_then(Value::as_str).unwrap_or("");
                 self.may_post(world, &thread)?;
-                let mut text = text;
+                let mut text = text.replace(STRUCTURE_MARK, "");
                 // Asynchronous channels read structured replies: the parts
                 // the model gave, each under its heading.
                 for (key, heading) in [
@@ -294,6 +294,7 @@ impl Core {
                     ("links", "Links"),
                 ] {
                     if let Some(part) = opt_str(a, key).filter(|p| !p.trim().is_empty()) {
+                        let part = part.replace(STRUCTURE_MARK, "");
                         text.push_str(&format!("\n\n{STRUCTURE_MARK}{heading}\n{}", part.trim()));
                     }
                 }
@@ -473,8 +474,8 @@ impl Core {
 }
 
 /// Starts a heading in a reply: `### ` on asynchronous channels, nothing
-/// in chat. A control character, so no model text makes one by accident
-/// that survives (people's text never reaches a reply unescaped anyway).
+/// in chat. A control character the model's own text is cleaned of, so
+/// only the structured parts make headings.
 const STRUCTURE_MARK: &str = "\u{1e}";
 
 pub(super) fn str_arg(a: &Value, k: &str) -> Result<String, String> {
