@@ -7,6 +7,23 @@ use http_body_util::Full;
 use ring::hmac;
 use serde_json::Value;
 
+/// The body, up to [`MAX_WEBHOOK_BYTES`]; past it, the 413 to answer.
+pub async fn read_body(
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<Bytes, hyper::Response<Full<Bytes>>> {
+    use http_body_util::{BodyExt, Limited};
+    match Limited::new(req.into_body(), MAX_WEBHOOK_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(_) => Err(reply(
+            413,
+            serde_json::json!({"error": format!("body over {MAX_WEBHOOK_BYTES} bytes")}),
+        )),
+    }
+}
+
 /// A JSON answer.
 pub fn reply(status: u16, body: Value) -> hyper::Response<Full<Bytes>> {
     hyper::Response::builder()

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use byom_protocol::pb;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -19,7 +19,7 @@ use crate::idempotency::{Claim, Idempotency};
 use crate::triggers::Triggers;
 
 use crate::http_in::reply;
-pub use crate::http_in::{verify, MAX_WEBHOOK_BYTES};
+use crate::http_in::verify;
 /// Longest a client may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a webhook connection may stay open.
@@ -114,17 +114,9 @@ async fn handle(
         .find_map(|h| req.headers().get(*h)?.to_str().ok())
         .map(str::to_string)
         .unwrap_or_default();
-    let body = match Limited::new(req.into_body(), MAX_WEBHOOK_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return reply(
-                413,
-                json!({"error": format!("body over {MAX_WEBHOOK_BYTES} bytes")}),
-            )
-        }
+    let body = match crate::http_in::read_body(req).await {
+        Ok(b) => b,
+        Err(too_big) => return too_big,
     };
     if !verify(&hooks.key, &body, sig.as_deref()) {
         return reply(

@@ -5,11 +5,11 @@
 //! kind, is 404 and tells nothing about the others.
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use serde_json::{json, Value};
 
 use super::{github, slack, Channels};
-use crate::http_in::{reply, MAX_WEBHOOK_BYTES};
+use crate::http_in::reply;
 use crate::triggers::{Ingest, Ingested};
 
 fn header(req: &hyper::Request<hyper::body::Incoming>, k: &str) -> Option<String> {
@@ -51,17 +51,9 @@ pub async fn handle(
     let gh_sig = header(&req, "x-hub-signature-256");
     let gh_event = header(&req, "x-github-event").unwrap_or_default();
     let gh_delivery = header(&req, "x-github-delivery").unwrap_or_default();
-    let body = match Limited::new(req.into_body(), MAX_WEBHOOK_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return reply(
-                413,
-                json!({"error": format!("body over {MAX_WEBHOOK_BYTES} bytes")}),
-            )
-        }
+    let body = match crate::http_in::read_body(req).await {
+        Ok(b) => b,
+        Err(too_big) => return too_big,
     };
     if kind == "slack" {
         let now = byom_wire::now_ms() / 1000;
