@@ -26,6 +26,13 @@ pub struct TriggerInfo {
     /// the server), so "do the same for the other one" makes sense.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub context: Vec<String>,
+    /// Its author (and every message in `context`) is trusted, as judged
+    /// when it arrived. Absent means untrusted: the safe side.
+    #[serde(default)]
+    pub trusted: bool,
+    /// Why it is trusted or not.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trust: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -174,6 +181,11 @@ pub enum Effect {
         labels: BTreeMap<String, String>,
         command: String,
         timeout_ms: u64,
+        /// Its worker read untrusted input, and why: the machine's owner
+        /// decides locally what such a command may do.
+        taint: String,
+        /// The approver who let it run, when the Rule of Two asked.
+        approved_by: String,
     },
     StopCommand {
         cmd: String,

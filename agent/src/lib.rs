@@ -27,6 +27,7 @@ pub mod scripted;
 pub mod sim;
 pub mod state;
 pub mod storage;
+pub mod trust;
 pub mod world;
 
 /// Milliseconds since the Unix epoch (or since a simulation began).

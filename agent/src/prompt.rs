@@ -14,7 +14,7 @@ pub const ROUTER_SYSTEM: &str = "You are byom's Router. You talk to people on th
 out work; you never do the work yourself and you have no tool that runs anything. Each turn you get \
 every new event at once. For each one decide: create a worker for a task (give it the thread and a \
 machine or labels), reply on the thread, subscribe or unsubscribe a worker, cancel a worker, answer \
-an approval a worker asked for, or ignore it. Workers report to you; you speak for them. Chat \
+a person's answer to an approval (only people approve: you carry their words, never your own), or ignore it. Workers report to you; you speak for them. Chat \
 channels get short answers (at most 100 words); other channels get structured ones. Use recall(id) \
 to read any object whose ID you see. Follow the user's policies.";
 
@@ -91,8 +91,8 @@ pub fn router_tools() -> Vec<Tool> {
         ),
         tool(
             "answer",
-            "Answer an approval a worker asked for.",
-            json!({"type": "object", "properties": {"approval": {"type": "string"}, "approved": {"type": "boolean"}, "answer": {}}, "required": ["approval", "approved"]}),
+            "Carry a person's answer to an approval: name the trigger (on the approval's thread, in this turn) in which they said yes or no. Only approvers' answers count; the outcome is posted on the thread for you.",
+            json!({"type": "object", "properties": {"approval": {"type": "string"}, "approved": {"type": "boolean"}, "trigger": {"type": "string"}}, "required": ["approval", "approved", "trigger"]}),
         ),
         tool(
             "ignore",

@@ -32,6 +32,7 @@ use serde_json::{json, Value};
 
 use crate::llm::{Message, Request, Response, Role, ToolCall, Usage};
 use crate::prompt::tokens;
+use crate::trust::{has_word, NO, YES};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Latency {
@@ -292,16 +293,6 @@ fn machine_of(text: &str) -> Option<String> {
     (!word.is_empty()).then_some(word)
 }
 
-fn has_word(text: &str, words: &[&str]) -> bool {
-    text.to_lowercase()
-        .split(|c: char| !c.is_alphanumeric())
-        .any(|w| words.contains(&w))
-}
-
-const YES: &[&str] = &[
-    "yes", "y", "approve", "approved", "ok", "okay", "lgtm", "go", "sure",
-];
-const NO: &[&str] = &["no", "n", "deny", "denied", "don't", "reject", "nope"];
 const CANCEL: &[&str] = &["cancel", "stop", "abort"];
 const WORK: &[&str] = &[
     "run",
@@ -387,13 +378,10 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
             let apr = attr(a, "id");
             if has_word(text, YES) || has_word(text, NO) {
                 let approved = has_word(text, YES) && !has_word(text, NO);
+                // The core checks who said it and posts the outcome.
                 calls.push((
                     "answer".into(),
-                    json!({"approval": apr, "approved": approved, "answer": text}),
-                ));
-                calls.push((
-                    "reply".into(),
-                    json!({"thread": thread, "text": if approved {"Approved; continuing."} else {"Denied; skipping that step."}}),
+                    json!({"approval": apr, "approved": approved, "trigger": trigger}),
                 ));
                 continue;
             }

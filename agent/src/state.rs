@@ -34,6 +34,10 @@ pub struct RouterState {
     pub machines_shown: Vec<String>,
     pub dropped_turns: u64,
     pub stats: Stats,
+    /// What the Router recalled this turn (A and B, for the workers it
+    /// makes in it).
+    #[serde(default)]
+    pub turn_read: Flags,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +82,112 @@ pub struct CmdRef {
     /// Set when a `tools.exec` call in a program started it.
     pub js_call: Option<(u64, u32)>,
     pub done: bool,
+    /// Waiting for this approval before it may start (the Rule of Two).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
+    /// The approval it started under, if it needed one, and who gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub approved_by: String,
+}
+
+/// Why a worker holds one of the Rule of Two's flags: the object that gave
+/// it (a trigger, a machine, a command, a thread, a worker) and a reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cause {
+    pub object: String,
+    pub why: String,
+}
+
+/// Causes kept per flag; the first ones stay (the flag itself is sticky).
+pub const MAX_CAUSES: usize = 8;
+
+/// The Rule of Two's flags, each set while it has a cause: [A] untrusted
+/// input, [B] access to sensitive systems or private data, [C] the power
+/// to change state or communicate externally. They only ever grow.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Flags {
+    pub untrusted: Vec<Cause>,
+    pub sensitive: Vec<Cause>,
+    pub acts: Vec<Cause>,
+}
+
+impl Flags {
+    fn push(list: &mut Vec<Cause>, object: &str, why: &str) {
+        if list.len() < MAX_CAUSES && !list.iter().any(|c| c.object == object) {
+            list.push(Cause {
+                object: object.to_string(),
+                why: why.to_string(),
+            });
+        }
+    }
+    pub fn add_untrusted(&mut self, object: &str, why: &str) {
+        Flags::push(&mut self.untrusted, object, why);
+    }
+    pub fn add_sensitive(&mut self, object: &str, why: &str) {
+        Flags::push(&mut self.sensitive, object, why);
+    }
+    pub fn add_acts(&mut self, object: &str, why: &str) {
+        Flags::push(&mut self.acts, object, why);
+    }
+    /// Everything `other` has, added (its causes after ours).
+    pub fn absorb(&mut self, other: &Flags) {
+        for c in &other.untrusted {
+            self.add_untrusted(&c.object, &c.why);
+        }
+        for c in &other.sensitive {
+            self.add_sensitive(&c.object, &c.why);
+        }
+        for c in &other.acts {
+            self.add_acts(&c.object, &c.why);
+        }
+    }
+    pub fn a(&self) -> bool {
+        !self.untrusted.is_empty()
+    }
+    pub fn b(&self) -> bool {
+        !self.sensitive.is_empty()
+    }
+    pub fn c(&self) -> bool {
+        !self.acts.is_empty()
+    }
+    pub fn all_three(&self) -> bool {
+        self.a() && self.b() && self.c()
+    }
+    /// `A B C` letters held, `-` for none.
+    pub fn letters(&self) -> String {
+        let l: Vec<&str> = [(self.a(), "A"), (self.b(), "B"), (self.c(), "C")]
+            .into_iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, l)| l)
+            .collect();
+        if l.is_empty() {
+            "-".into()
+        } else {
+            l.join("")
+        }
+    }
+    /// One line per flag held, with its causes.
+    pub fn explain(&self) -> String {
+        let mut s = String::new();
+        for (name, list) in [
+            ("untrusted input", &self.untrusted),
+            ("sensitive access", &self.sensitive),
+            ("changes state or communicates", &self.acts),
+        ] {
+            if list.is_empty() {
+                continue;
+            }
+            let causes: Vec<String> = list
+                .iter()
+                .map(|c| format!("{} ({})", c.object, c.why))
+                .collect();
+            s.push_str(&format!("{name}: {}; ", causes.join(", ")));
+        }
+        s.trim_end_matches("; ").to_string()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,6 +266,13 @@ pub struct WorkerState {
     /// trigger).
     #[serde(default)]
     pub policies_shown: Vec<String>,
+    /// The Rule of Two's flags, with their causes.
+    #[serde(default)]
+    pub flags: Flags,
+    /// The threads it was created for: its task's own, where it may speak
+    /// without that counting as communicating elsewhere.
+    #[serde(default)]
+    pub own_threads: Vec<String>,
 }
 
 /// Where an approval stands. Stored as its lower-case name.
@@ -180,6 +297,19 @@ impl ApprovalState {
     }
 }
 
+/// What an approval is for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalKind {
+    /// A program's `human.ask`.
+    #[default]
+    Question,
+    /// A command that would give its worker all three flags.
+    Command,
+    /// A message to another thread that would give its worker all three.
+    Message,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Approval {
     pub id: String,
@@ -193,4 +323,23 @@ pub struct Approval {
     pub by: String,
     pub created_ms: Ms,
     pub answered_ms: Ms,
+    #[serde(default)]
+    pub kind: ApprovalKind,
+    /// The machine the approval is about (approvers may be per label).
+    #[serde(default)]
+    pub machine: String,
+    /// The command (`cmd_…`) or the held reply it releases.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cmd: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<crate::event::Reply>,
+    /// The worker's flags with the action's, when it was asked.
+    #[serde(default)]
+    pub flags: Flags,
+    /// Who may answer, as configured when it was asked.
+    #[serde(default)]
+    pub approvers: Vec<String>,
+    /// Answers refused because the person may not approve (bounded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<String>,
 }

@@ -3,11 +3,12 @@
 //! deterministic yet, like real ones, unordered within a millisecond, and
 //! stored objects the test (or the simulation) puts there.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use byom_protocol::id::{encode_body, Kind};
 
 use crate::event::TriggerInfo;
+use crate::trust::Trust;
 use crate::Ms;
 
 /// What the core needs from outside, all of it deterministic in simulation.
@@ -27,6 +28,31 @@ pub trait World {
     /// GitHub pull request or issue URL, made if the source is a connector
     /// and it does not exist yet. `None`: no such source.
     fn find_thread(&mut self, name: &str) -> Option<String>;
+    /// Who is trusted and who may approve (`byom trust`).
+    fn trust(&self) -> Trust;
+    /// The machine `machine` names (name or ID), or when it is empty every
+    /// machine carrying all of `labels`: what a command there could reach.
+    fn machines_for(&self, machine: &str, labels: &BTreeMap<String, String>) -> Vec<MachineInfo>;
+    /// Why a stored object holds text from someone untrusted (`None`: it
+    /// does not, or no such object).
+    fn untrusted(&self, id: &str) -> Option<String>;
+}
+
+/// A machine as containment sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MachineInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Programs its owner declared read-only for agents (`policy.toml`).
+    pub read_only: Vec<String>,
+}
+
+impl MachineInfo {
+    /// Every machine is sensitive (its owner's keys, mail and code) unless
+    /// labelled `sensitive=false`.
+    pub fn sensitive(&self) -> bool {
+        self.labels.get("sensitive").map(String::as_str) != Some("false")
+    }
 }
 
 /// Where a thread is and what may be said there.
@@ -90,6 +116,11 @@ pub struct TestWorld {
     pub open_sources: Vec<String>,
     /// `source:external` → thread, for threads found by name.
     pub named_threads: HashMap<String, String>,
+    pub trust: Trust,
+    /// Labels per machine name (machines not listed have none).
+    pub labels: HashMap<String, BTreeMap<String, String>>,
+    /// Read-only programs per machine name.
+    pub read_only: HashMap<String, Vec<String>>,
 }
 
 impl TestWorld {
@@ -140,7 +171,7 @@ impl World for TestWorld {
         if let Some(t) = self.triggers.get(id) {
             return serde_json::to_string(&serde_json::json!({
                 "thread_id": t.thread, "source": t.source, "user": t.user,
-                "text": t.text, "mention": t.mention
+                "text": t.text, "mention": t.mention, "trusted": t.trusted, "trust": t.trust
             }))
             .ok();
         }
@@ -177,5 +208,35 @@ impl World for TestWorld {
         self.named_threads.insert(name.to_string(), id.clone());
         self.threads.insert(id.clone(), source.to_string());
         Some(id)
+    }
+
+    fn trust(&self) -> Trust {
+        self.trust.clone()
+    }
+
+    fn machines_for(&self, machine: &str, labels: &BTreeMap<String, String>) -> Vec<MachineInfo> {
+        self.machines
+            .iter()
+            .filter(|m| {
+                let have = self.labels.get(*m);
+                if machine.is_empty() {
+                    labels
+                        .iter()
+                        .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
+                } else {
+                    *m == machine
+                }
+            })
+            .map(|m| MachineInfo {
+                name: m.clone(),
+                labels: self.labels.get(m).cloned().unwrap_or_default(),
+                read_only: self.read_only.get(m).cloned().unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    fn untrusted(&self, id: &str) -> Option<String> {
+        let t = self.triggers.get(id)?;
+        (!t.trusted).then(|| t.trust.clone())
     }
 }

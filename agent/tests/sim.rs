@@ -68,3 +68,55 @@ fn crashes_at_every_step_change_nothing_people_or_machines_see() {
         );
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+
+    /// The Rule of Two under random streams of trusted and untrusted
+    /// messages, random answers from approvers and from people who may not
+    /// approve, with and without crashes: after every step, no command that
+    /// completes untrusted input, a sensitive machine and a state change
+    /// has started without an approver's recorded yes (the simulator checks
+    /// it at each start, against its own record of which model contexts
+    /// held untrusted text as well as the core's flags).
+    #[test]
+    fn no_effect_completes_all_three_without_an_approver(
+        seed in 1u64..10_000,
+        strangers in 10u64..70,
+        crash_every in proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..13],
+        answer_seed in 1u64..1000,
+    ) {
+        let cfg = SimConfig {
+            crash_every,
+            answerers: vec!["ada".into(), "github:mallory".into(), "bob".into()],
+            answer_seed,
+            ..SimConfig::default()
+        };
+        let events = sim::mixed_day(40, seed, strangers);
+        let r = block_on(sim::run(events, &cfg, &mut ScriptedPrograms::new()))
+            .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+        proptest::prop_assert!(r.quiescent, "{r:?}");
+    }
+}
+
+/// The property above has teeth: a day with strangers holds commands for
+/// approval, runs some after an approver's yes, and refuses answers from
+/// people who may not approve.
+#[test]
+fn strangers_requests_wait_for_approvers() {
+    let cfg = SimConfig {
+        // `answerers[0]` follows every refused answer, so it must be an approver.
+        answerers: vec!["ada".into(), "github:mallory".into()],
+        ..SimConfig::default()
+    };
+    let r = block_on(sim::run(
+        sim::mixed_day(120, 7, 50),
+        &cfg,
+        &mut ScriptedPrograms::new(),
+    ))
+    .unwrap();
+    assert!(r.held > 0, "{r:?}");
+    assert!(r.approved_runs > 0, "{r:?}");
+    assert!(r.refused_answers > 0, "{r:?}");
+    assert!(r.quiescent, "{r:?}");
+}

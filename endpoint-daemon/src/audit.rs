@@ -28,6 +28,12 @@ pub struct Record {
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
     pub reason: String,
+    /// Why the agent task behind it was untrusted, and who approved it
+    /// (both as the server said).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub taint: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub approved_by: String,
 }
 
 pub fn path(dir: &Path) -> PathBuf {
@@ -109,6 +115,8 @@ mod tests {
             stdout_bytes: 3,
             stderr_bytes: 0,
             reason: String::new(),
+            taint: String::new(),
+            approved_by: String::new(),
         };
         for i in 0..30 {
             append_limited(&dir, &rec(i), 1000);

@@ -367,6 +367,7 @@ async fn hello(
         policy_digest,
         policy_summary,
         paused: runner.is_paused(),
+        read_only: runner.read_only(),
     };
     write_frame(
         &mut ctl_send,

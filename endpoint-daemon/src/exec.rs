@@ -191,6 +191,14 @@ impl Runner {
     }
 
     /// (digest, summary) of the policy in force, for Hello.
+    /// Programs the policy declares read-only (told to the server).
+    pub fn read_only(&self) -> Vec<String> {
+        match self.policy.lock().ok().and_then(|p| p.clone()) {
+            Some(p) => p.read_only(),
+            None => Vec::new(),
+        }
+    }
+
     pub fn policy_info(&self) -> (String, String) {
         match self.policy.lock().ok().and_then(|p| p.clone()) {
             Some(p) => (p.digest.clone(), p.summary()),
@@ -228,6 +236,12 @@ impl Runner {
                         stdin: &req.stdin,
                         timeout,
                         requested_by: &req.requested_by,
+                        taint: match (req.tainted, req.taint.is_empty()) {
+                            (false, _) => "",
+                            (true, true) => "no reason given",
+                            (true, false) => &req.taint,
+                        },
+                        approved_by: &req.approved_by,
                     };
                     match policy.check(&r) {
                         Ok(Decision::Allow {
@@ -413,6 +427,12 @@ impl Runner {
             stdout_bytes: 0,
             stderr_bytes: 0,
             reason: String::new(),
+            taint: if req.tainted {
+                req.taint.clone()
+            } else {
+                String::new()
+            },
+            approved_by: req.approved_by.clone(),
         };
         let audit_dir = self.config_dir.clone();
         tokio::spawn(async move {

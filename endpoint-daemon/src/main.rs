@@ -501,6 +501,7 @@ fn policy(dir: &std::path::Path, cmd: PolicyCmd) -> anyhow::Result<i32> {
                 stdin: &[],
                 timeout: None,
                 requested_by: if from_agent { "wrk_policy_check" } else { "" },
+                ..Default::default()
             };
             match p.check(&req) {
                 Ok(Decision::Allow {

@@ -34,6 +34,7 @@ mod pki;
 mod startup;
 mod tls;
 mod triggers;
+mod trust;
 mod webhook;
 
 pub use agents::programs::SandboxPrograms;
@@ -55,6 +56,6 @@ impl BenchIngest {
         &self,
         ev: byom_protocol::pb::SendEventRequest,
     ) -> Result<byom_protocol::pb::Trigger, byom_store::StoreError> {
-        self.0.ingest(ev, None).await
+        self.0.ingest(ev, None, None).await
     }
 }

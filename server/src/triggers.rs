@@ -112,6 +112,8 @@ pub struct Ingest<'a> {
     /// Another provider ID the message is found by (a GitHub comment's,
     /// besides its delivery's).
     pub also_known_as: Option<String>,
+    /// The admin who sent it through the API (`admin:NAME`).
+    pub admin: Option<String>,
 }
 
 /// What ingest did.
@@ -142,18 +144,34 @@ fn clean(s: &str, max: usize) -> String {
     s.chars().filter(|c| !c.is_control()).take(max).collect()
 }
 
-/// The agents' view of a stored trigger.
+/// The agents' view of a stored trigger: its author is the principal
+/// containment judged (the name they gave stays as the display name).
 pub fn info(t: &pb::Trigger) -> TriggerInfo {
+    let (user, user_name) = if t.principal.is_empty() || t.principal == t.user {
+        (t.user.clone(), t.user_name.clone())
+    } else if t.user_name.is_empty() {
+        (t.principal.clone(), t.user.clone())
+    } else {
+        (t.principal.clone(), t.user_name.clone())
+    };
     TriggerInfo {
         id: t.id.clone(),
         thread: t.thread_id.clone(),
         source: t.source.clone(),
-        user: t.user.clone(),
+        user,
         text: t.text.clone(),
         mention: t.mention,
-        user_name: t.user_name.clone(),
+        user_name,
         context: Vec::new(),
+        trusted: t.trusted,
+        trust: t.trust.clone(),
     }
+}
+
+/// byom's own reply, stored on its thread (no principal: nobody outside
+/// can make one).
+pub(crate) fn is_own_reply(t: &pb::Trigger) -> bool {
+    t.from_bot && t.user == "byom" && t.principal.is_empty()
 }
 
 impl Triggers {
@@ -253,12 +271,14 @@ impl Triggers {
         &self,
         ev: pb::SendEventRequest,
         claim: Option<&Pending>,
+        admin: Option<&str>,
     ) -> Result<pb::Trigger, StoreError> {
         Ok(self
             .ingest_with(
                 ev,
                 Ingest {
                     claim,
+                    admin: admin.map(str::to_string),
                     ..Default::default()
                 },
             )
@@ -316,11 +336,26 @@ impl Triggers {
     }
 
     /// The thread's messages before this one (and the one it replies to),
-    /// oldest first, bounded.
-    fn context(&self, t: &pb::Trigger) -> Vec<String> {
+    /// oldest first, bounded; and why they make it untrusted, if one of
+    /// them came from someone untrusted (whoever reads it reads them too).
+    fn context(&self, t: &pb::Trigger) -> (Vec<String>, Option<String>) {
         if self.context_messages == 0 {
-            return Vec::new();
+            return (Vec::new(), None);
         }
+        let mut untrusted: Option<String> = None;
+        let mut note = |x: &pb::Trigger| {
+            if !x.trusted && !is_own_reply(x) && untrusted.is_none() {
+                let who = if x.principal.is_empty() {
+                    &x.user
+                } else {
+                    &x.principal
+                };
+                untrusted = Some(format!(
+                    "its context includes {} from {who}, who is not trusted",
+                    x.id
+                ));
+            }
+        };
         let line = |x: &pb::Trigger| {
             let who = if x.user_name.is_empty() {
                 &x.user
@@ -339,7 +374,10 @@ impl Triggers {
             // What the owner said to ignore stays out of every agent's view.
             .filter(|x| !fastpath::is_policy_reason(&x.reason))
             .take(self.context_messages)
-            .map(|x| line(&x))
+            .map(|x| {
+                note(&x);
+                line(&x)
+            })
             .collect();
         lines.reverse();
         if !t.reply_to.is_empty() {
@@ -350,6 +388,7 @@ impl Triggers {
                 .flatten()
                 .and_then(|id| self.store.get_trigger(&id).ok().flatten());
             if let Some(r) = replied {
+                note(&r);
                 let l = format!("(replying to) {}", line(&r));
                 lines.retain(|x| !l.ends_with(x.as_str()));
                 lines.push(l);
@@ -366,7 +405,7 @@ impl Triggers {
             keep.push(l);
         }
         keep.reverse();
-        keep
+        (keep, untrusted)
     }
 
     /// [`Triggers::ingest`] with the options connectors need.
@@ -415,6 +454,10 @@ impl Triggers {
             kind,
             ..Default::default()
         };
+        t.principal = crate::trust::principal(&t.kind, &t.source, &t.user, opts.admin.as_deref());
+        let verdict = crate::trust::load(store).judge(&t.principal, &t.author_association);
+        t.trusted = verdict.trusted;
+        t.trust = verdict.why;
         // The owner's policies that need no judgement hold for every
         // trigger, those a subscribed worker would get directly included.
         let policies: Vec<(String, String)> = store
@@ -436,7 +479,12 @@ impl Triggers {
         let mut ops = vec![Op::trigger(&t)];
         if decision == TriggerDecision::Candidate {
             let mut i = info(&t);
-            i.context = self.context(&t);
+            let (context, untrusted) = self.context(&t);
+            i.context = context;
+            if let (true, Some(why)) = (i.trusted, untrusted) {
+                i.trusted = false;
+                i.trust = why;
+            }
             ops.push(AgentInbox::op(&Event::Trigger(i)));
         }
         if let Some(p) = opts.claim {

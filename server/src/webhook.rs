@@ -139,7 +139,7 @@ async fn handle(
         }
         Err(e) => return reply(400, json!({"error": e.to_string()})),
     };
-    match hooks.triggers.ingest(ev, Some(&claim)).await {
+    match hooks.triggers.ingest(ev, Some(&claim), None).await {
         Ok(t) => reply(
             202,
             json!({"trigger": t.id, "thread": t.thread_id, "decision": t.decision().name()}),

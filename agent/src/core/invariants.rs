@@ -3,7 +3,7 @@
 //! a bug in the core, named precisely enough to find it.
 
 use super::{Core, MAX_ACTIVE_WORKERS, MAX_QUEUED_EVENTS, MAX_ROUTER_QUEUE, MAX_RUNNING_COMMANDS};
-use crate::state::{ApprovalState, JsCallState, JsStep, WorkerStatus};
+use crate::state::{ApprovalKind, ApprovalState, JsCallState, JsStep, WorkerStatus};
 
 impl Core {
     /// Every invariant of the state; `Err` lists each one broken.
@@ -111,15 +111,48 @@ impl Core {
             if a.state != ApprovalState::Open {
                 continue;
             }
-            let waiting = workers.get(&a.worker).is_some_and(|w| {
-                !w.status.is_closed()
-                    && w.js.as_ref().is_some_and(|js| {
-                        js.run == a.run
-                            && matches!(js.calls.get(&a.call), Some(JsCallState::Approval(x)) if x == aid)
-                    })
+            let live = workers.get(&a.worker).filter(|w| !w.status.is_closed());
+            let waiting = live.is_some_and(|w| match a.kind {
+                ApprovalKind::Question => w.js.as_ref().is_some_and(|js| {
+                    js.run == a.run
+                        && matches!(js.calls.get(&a.call), Some(JsCallState::Approval(x)) if x == aid)
+                }),
+                ApprovalKind::Command => w
+                    .commands
+                    .get(&a.cmd)
+                    .is_some_and(|c| !c.done && c.held.as_deref() == Some(aid.as_str())),
+                ApprovalKind::Message => a.reply.is_some(),
             });
             if !waiting {
-                bad.push(format!("open {aid} has no program waiting on it"));
+                bad.push(format!("open {aid} has nothing waiting on it"));
+            }
+        }
+        // A held command waits on an open approval of its own; one that
+        // started under an approval cites an approved one (when still in
+        // memory).
+        for (id, w) in workers.iter().filter(|(_, w)| !w.status.is_closed()) {
+            for (cmd, c) in &w.commands {
+                if let Some(apr) = c.held.as_ref().filter(|_| !c.done) {
+                    let ok = self.records.approvals().get(apr).is_some_and(|a| {
+                        a.state == ApprovalState::Open && a.cmd == *cmd && a.worker == *id
+                    });
+                    if !ok {
+                        bad.push(format!("{id}'s held {cmd} has no open approval {apr}"));
+                    }
+                }
+                if let Some(a) = c
+                    .approval
+                    .as_ref()
+                    .and_then(|a| self.records.approvals().get(a))
+                {
+                    if a.state != ApprovalState::Approved || a.by != c.approved_by {
+                        bad.push(format!(
+                            "{id}'s {cmd} started under {} which is {}",
+                            a.id,
+                            a.state.name()
+                        ));
+                    }
+                }
             }
         }
         if bad.is_empty() {

@@ -12,6 +12,8 @@
 //! ([`markup`]), persistence ([`persist`]) and the invariants the simulator
 //! checks after every step ([`invariants`]).
 
+mod containment;
+pub use containment::read_only;
 mod invariants;
 mod markup;
 mod persist;
@@ -143,7 +145,7 @@ impl Core {
                 answer,
                 by,
             } => {
-                if let Err(e) = self.answer(&approval, approved, answer, &by) {
+                if let Err(e) = self.answer(world, &approval, approved, answer, &by) {
                     tracing::info!("answer for {approval} not applied: {e}");
                 }
             }

@@ -180,7 +180,8 @@ impl Core {
                 fx.extend(self.worker_call(id, turn));
             }
             for (cmd, c) in &w.commands {
-                if !c.done {
+                // A held command waits for its approval, not a machine.
+                if !c.done && c.held.is_none() {
                     fx.push(Effect::StartCommand {
                         worker: id.clone(),
                         cmd: cmd.clone(),
@@ -188,6 +189,8 @@ impl Core {
                         labels: w.labels.clone(),
                         command: c.command.clone(),
                         timeout_ms: c.timeout_ms,
+                        taint: super::containment::taint_of(&w.flags),
+                        approved_by: c.approved_by.clone(),
                     });
                 }
             }

@@ -4,15 +4,14 @@
 //! asks for (a command, a subagent, a question to a person), and each
 //! result resumes the program from its latest snapshot, one at a time.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::router::opt_str;
 use super::tools::timeout_ms;
-use super::{markup, push_bounded, Core};
-use crate::event::{Effect, JsCallReq, JsOutcome, RouterItem};
-use crate::state::{Approval, ApprovalState, JsCallState, JsStep, WorkerStatus};
+use super::{markup, Core};
+use crate::event::{Effect, JsCallReq, JsOutcome};
+use crate::state::{ApprovalKind, ApprovalState, Flags, JsCallState, JsStep, WorkerStatus};
 use crate::world::World;
-use byom_protocol::id::Kind;
 
 /// Longest parent chain walked to find where a person can be asked.
 const MAX_PARENT_WALK: usize = crate::budgets::MAX_DEPTH_LIMIT as usize;
@@ -81,7 +80,13 @@ impl Core {
         for st in js.calls.values() {
             match st {
                 JsCallState::Command(cmd) => {
-                    if w.commands.get(cmd).is_some_and(|c| !c.done) {
+                    if let Some(apr) = w.commands.get(cmd).and_then(|c| c.held.clone()) {
+                        approvals.push(apr);
+                        if let Some(c) = w.commands.get_mut(cmd) {
+                            c.done = true;
+                            c.held = None;
+                        }
+                    } else if w.commands.get(cmd).is_some_and(|c| !c.done) {
                         self.out.push(Effect::StopCommand {
                             cmd: cmd.clone(),
                             reason: why.to_string(),
@@ -129,30 +134,30 @@ impl Core {
                     Value::String(s) => s.clone(),
                     v => opt_str(v, "question").unwrap_or_else(|| v.to_string()),
                 };
-                let apr = world.new_id(Kind::Approval);
-                let thread = self.root_thread(id).unwrap_or_default();
-                self.records.insert_approval(Approval {
-                    id: apr.clone(),
-                    worker: id.to_string(),
-                    thread: thread.clone(),
-                    question: question.clone(),
-                    run,
-                    call: p.id,
-                    state: ApprovalState::Open,
-                    answer: Value::Null,
-                    by: String::new(),
-                    created_ms: self.now,
-                    answered_ms: 0,
-                });
-                push_bounded(
-                    self.records.router_mut(),
-                    RouterItem::Question {
-                        approval: apr.clone(),
-                        worker: id.to_string(),
-                        thread,
-                        question,
-                    },
+                // Answered by an approver for the worker's machine.
+                let (machine, labels) = match self.records.worker(id) {
+                    Some(w) => (w.machine.clone(), w.labels.clone()),
+                    None => return,
+                };
+                let labels = world
+                    .machines_for(&machine, &labels)
+                    .first()
+                    .map(|m| m.labels.clone());
+                let apr = self.ask(
+                    world,
+                    id,
+                    ApprovalKind::Question,
+                    &machine,
+                    labels.as_ref(),
+                    question,
+                    Flags::default(),
+                    "",
+                    None,
                 );
+                if let Some(a) = self.records.approval_mut(&apr) {
+                    a.run = run;
+                    a.call = p.id;
+                }
                 JsCallState::Approval(apr)
             }
             other => {
@@ -186,7 +191,7 @@ impl Core {
     }
 
     /// The first thread up the parent chain: where a person can be asked.
-    fn root_thread(&self, id: &str) -> Option<String> {
+    pub(super) fn root_thread(&self, id: &str) -> Option<String> {
         let mut cur = self.records.worker(id)?;
         for _ in 0..MAX_PARENT_WALK {
             if let Some(t) = cur.threads.first() {
@@ -319,35 +324,5 @@ impl Core {
             call,
             result,
         });
-    }
-
-    pub(super) fn answer(
-        &mut self,
-        apr: &str,
-        approved: bool,
-        answer: Value,
-        by: &str,
-    ) -> Result<(), String> {
-        let now = self.now;
-        let a = self
-            .records
-            .approval_mut(apr)
-            .ok_or_else(|| format!("no approval {apr}"))?;
-        if a.state != ApprovalState::Open {
-            return Err(format!("{apr} is already {}", a.state.name()));
-        }
-        a.state = if approved {
-            ApprovalState::Approved
-        } else {
-            ApprovalState::Denied
-        };
-        a.answer = answer.clone();
-        a.by = by.to_string();
-        a.answered_ms = now;
-        let (worker, run, call) = (a.worker.clone(), a.run, a.call);
-        let v = json!({"approved": approved, "answer": answer, "by": by});
-        self.js_settle(&worker, run, call, Ok(v));
-        self.settle_status(&worker);
-        Ok(())
     }
 }

@@ -62,6 +62,7 @@ impl Core {
                 }
             }
             self.worker_input(w, line.clone());
+            self.take_in(w, &t, "a message passed through on its thread");
         }
     }
 
@@ -120,6 +121,7 @@ impl Core {
         }
         r.conversation.push(Message::user(text));
         r.turn_items = items;
+        r.turn_read = Default::default();
         r.turn += 1;
         r.steps = 0;
         r.stats.turns += 1;
@@ -300,6 +302,11 @@ impl Core {
                 }
                 let r = self.reply(world, &thread, &text, status)?;
                 let id = r.id.clone();
+                if let Some(apr) = self.gate_reply(world, &r)? {
+                    return Ok(format!(
+                        "held: posting on {thread} needs a person's approval ({apr}), asked on the worker's thread"
+                    ));
+                }
                 self.out.push(Effect::Reply(r));
                 Ok(format!("posted {id}"))
             }
@@ -331,18 +338,17 @@ impl Core {
                     .get("approved")
                     .and_then(Value::as_bool)
                     .ok_or("approved must be true or false")?;
-                let answer = a.get("answer").cloned().unwrap_or(Value::Null);
-                self.answer(&apr, approved, answer, "router")?;
-                Ok(format!(
-                    "{apr} {}",
-                    if approved { "approved" } else { "denied" }
-                ))
+                let trigger = opt_str(a, "trigger");
+                self.carried_answer(world, &apr, approved, trigger.as_deref())
             }
             "ignore" => Ok("ignored".into()),
-            "recall" => self.recall(world, &str_arg(a, "id")?, 0),
-            "read" => {
+            "recall" | "read" => {
+                let obj = str_arg(a, "id")?;
                 let off = a.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
-                self.recall(world, &str_arg(a, "id")?, off)
+                let text = self.recall(world, &obj, off)?;
+                let f = self.object_flags(world, &obj);
+                self.records.router_mut().turn_read.absorb(&f);
+                Ok(text)
             }
             other => Err(format!(
                 "the router has no tool {other:?}; it cannot run commands or code, only hand out work"

@@ -32,6 +32,7 @@ fn trig(id: &str, thread: &str, text: &str) -> Event {
         user: "ada".into(),
         text: text.into(),
         mention: true,
+        trusted: true,
         ..Default::default()
     })
 }

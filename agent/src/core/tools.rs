@@ -127,10 +127,12 @@ impl Core {
                 );
                 Ok(format!("{trg} handed back to the router"))
             }
-            "recall" => self.recall(world, &str_arg(a, "id")?, 0),
-            "read" => {
+            "recall" | "read" => {
+                let obj = str_arg(a, "id")?;
                 let off = a.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
-                self.recall(world, &str_arg(a, "id")?, off)
+                let text = self.recall(world, &obj, off)?;
+                self.read_object(world, id, &obj);
+                Ok(text)
             }
             other => Err(format!("no tool {other:?}")),
         }
@@ -157,5 +159,11 @@ fn parse_trigger_lookup(id: &str, text: &str) -> Option<TriggerInfo> {
         mention: v.get("mention").and_then(Value::as_bool).unwrap_or(false),
         user_name: String::new(),
         context: Vec::new(),
+        trusted: v.get("trusted").and_then(Value::as_bool).unwrap_or(false),
+        trust: v
+            .get("trust")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
     })
 }

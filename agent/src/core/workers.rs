@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
+use super::containment::{inherit, taint_of};
 use super::{backoff, markup, push_bounded, Core};
 use super::{
     MAX_MODEL_FAILURES, MAX_QUEUED_EVENTS, MAX_RUNNING_COMMANDS, MAX_TOOL_CALLS_PER_REPLY,
@@ -55,6 +56,17 @@ impl Core {
             ));
         }
         head.push_str(&format!("You are {id}."));
+        // A subagent starts with what its parent read and reached; a
+        // task starts with what the Router's turn held.
+        let flags = match parent.as_ref().and_then(|p| self.records.worker(p)) {
+            Some(p) => {
+                let mut f = crate::state::Flags::default();
+                inherit(&mut f, &p.flags, &p.id, "spawned by");
+                f
+            }
+            None => self.turn_flags(),
+        };
+        let own_threads = threads.clone();
         self.records.insert_worker(WorkerState {
             id: id.clone(),
             parent,
@@ -80,6 +92,8 @@ impl Core {
             updated_ms: now,
             usage: Usage::default(),
             dropped_turns: 0,
+            flags,
+            own_threads,
         });
         id
     }
@@ -279,6 +293,7 @@ impl Core {
             ));
         }
         let cmd = world.new_id(Kind::Command);
+        let held = self.gate_command(world, id, &cmd, &machine, &command);
         let w = self.records.worker_mut(id).ok_or("no such worker")?;
         w.commands.insert(
             cmd.clone(),
@@ -288,8 +303,15 @@ impl Core {
                 timeout_ms,
                 js_call,
                 done: false,
+                held: held.clone(),
+                approval: None,
+                approved_by: String::new(),
             },
         );
+        if held.is_some() {
+            // Waiting on a person, recorded by `ask`.
+            return Ok(cmd);
+        }
         w.status = WorkerStatus::Running;
         self.out.push(Effect::StartCommand {
             worker: id.to_string(),
@@ -298,6 +320,8 @@ impl Core {
             labels: w.labels.clone(),
             command,
             timeout_ms,
+            taint: taint_of(&w.flags),
+            approved_by: String::new(),
         });
         Ok(cmd)
     }
@@ -402,7 +426,9 @@ impl Core {
         let parent = w.parent.clone();
         let threads = w.threads.clone();
         for (cmd, c) in &w.commands {
-            if !c.done {
+            // A held command never reached a machine; its approval is
+            // cancelled below.
+            if !c.done && c.held.is_none() {
                 self.out.push(Effect::StopCommand {
                     cmd: cmd.clone(),
                     reason: format!("worker {id} {}", status.name()),
@@ -434,6 +460,11 @@ impl Core {
             self.finish_worker(world, &c, WorkerStatus::Cancelled, &why, true);
         }
         if let Some(p) = parent {
+            // What the subagent read and reached comes back with its answer.
+            let child = self.records.worker(id).map(|c| c.flags.clone());
+            if let (Some(f), Some(pw)) = (child, self.records.live_worker_mut(&p)) {
+                inherit(&mut pw.flags, &f, id, "the answer of subagent");
+            }
             if let Some((run, call)) = self.js_call_of(&p, id) {
                 let v = json!({"worker": id, "status": status.name(), "text": text});
                 let r = if status == WorkerStatus::Done {

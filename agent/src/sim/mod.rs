@@ -11,7 +11,7 @@ mod scripted_programs;
 mod workload;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use byom_protocol::id::Kind;
 use serde::Serialize;
 
 pub use scripted_programs::ScriptedPrograms;
-pub use workload::{day, Rng};
+pub use workload::{day, mixed_day, Rng, UNTRUSTED_MARK};
 
 use crate::budgets::Budgets;
 use crate::core::Core;
@@ -28,6 +28,7 @@ use crate::llm::Usage;
 use crate::programs::{ProgramStep, Programs};
 use crate::scripted::{Latency, Scripted};
 use crate::state::WorkerStatus;
+use crate::trust::{Approver, Trust};
 use crate::world::{TestWorld, World};
 
 #[derive(Debug, Clone)]
@@ -51,6 +52,15 @@ pub struct SimConfig {
     /// Check the core's invariants after every step (off only to measure
     /// the core alone: the check reads every record).
     pub check_invariants: bool,
+    /// Who is trusted and who approves.
+    pub trust: Trust,
+    /// Labels per machine (`ci` is labelled `sensitive=false`).
+    pub labels: HashMap<String, BTreeMap<String, String>>,
+    /// Who answers a question asked on a thread, picked in turn by a
+    /// generator seeded with `answer_seed`; an answer from someone who may
+    /// not approve is followed by `answerers[0]`'s.
+    pub answerers: Vec<String>,
+    pub answer_seed: u64,
 }
 
 impl Default for SimConfig {
@@ -68,6 +78,20 @@ impl Default for SimConfig {
             crash_every: 0,
             persist: false,
             check_invariants: true,
+            trust: Trust {
+                approvers: vec![Approver {
+                    principal: "ada".into(),
+                    label: None,
+                }],
+                ..Trust::default()
+            },
+            labels: [(
+                "ci".to_string(),
+                [("sensitive".to_string(), "false".to_string())].into(),
+            )]
+            .into(),
+            answerers: vec!["ada".into()],
+            answer_seed: 1,
         }
     }
 }
@@ -105,6 +129,11 @@ pub struct SimReport {
     pub model_latency_ms: u64,
     pub quiescent: bool,
     pub crashes: u64,
+    /// Commands held for an approval, and those that then ran with one.
+    pub held: usize,
+    pub approved_runs: usize,
+    /// Answers refused because their author may not approve.
+    pub refused_answers: usize,
     /// Router turns dropped to fit the context budget.
     pub router_dropped_turns: u64,
     /// Snapshots the interpreter still keeps at the end (none should leak).
@@ -181,6 +210,10 @@ pub async fn run_with_core<P: Programs>(
     let mut world = TestWorld::default();
     world.policies = vec!["ignore anything about \"standup\"".into()];
     world.machines = cfg.machines.clone();
+    world.trust = cfg.trust.clone();
+    world.labels = cfg.labels.clone();
+    let mut answers = Rng::new(cfg.answer_seed);
+    let mut oracle = Oracle::default();
     let mut agenda = Agenda::default();
     let mut asked_at: BTreeMap<String, u64> = BTreeMap::new();
     let mut reply_lat: Vec<u64> = Vec::new();
@@ -196,6 +229,8 @@ pub async fn run_with_core<P: Programs>(
     // The simulated machines: command → when it ends (they outlive crashes).
     let mut machine_cmds: HashMap<String, u64> = HashMap::new();
     let mut steps = 0u64;
+    // `BYOM_SIM_TRACE=1` prints every step and reply: how a failing seed is read.
+    let trace = std::env::var_os("BYOM_SIM_TRACE").is_some();
     while let Some((at, ev)) = agenda.next() {
         steps += 1;
         if at > MAX_SIMULATED_MS || steps > MAX_STEPS {
@@ -210,7 +245,11 @@ pub async fn run_with_core<P: Programs>(
             }
         }
         let summary = ev.summary();
+        if trace {
+            eprintln!("{steps} {at} {summary}");
+        }
         let mut fx = core.handle(&mut world, ev);
+        oracle.saw_approvals(&core);
         if cfg.check_invariants {
             core.check_invariants().map_err(|why| SimError::Invariant {
                 step: steps,
@@ -257,6 +296,7 @@ pub async fn run_with_core<P: Programs>(
                     request,
                     kind,
                 } => {
+                    oracle.saw_request(&session, &request);
                     let m0 = Instant::now();
                     let (resp, latency) = model.respond(&request);
                     report.model_ms += m0.elapsed().as_secs_f64() * 1000.0;
@@ -279,8 +319,31 @@ pub async fn run_with_core<P: Programs>(
                     cmd,
                     machine,
                     command,
+                    approved_by,
+                    labels,
                     ..
                 } => {
+                    // A restart asks again for what already started.
+                    if !machine_cmds.contains_key(&cmd) {
+                        let start = Start {
+                            worker: &worker,
+                            cmd: &cmd,
+                            machine: &machine,
+                            labels: &labels,
+                            command: &command,
+                            approved_by: &approved_by,
+                        };
+                        oracle.check_command(&core, &world, &start).map_err(|why| {
+                            SimError::Invariant {
+                                step: steps,
+                                event: format!("start {cmd}"),
+                                why,
+                            }
+                        })?;
+                        if !approved_by.is_empty() {
+                            report.approved_runs += 1;
+                        }
+                    }
                     // A restart asks again for commands it already started:
                     // the machine keeps running the one it has.
                     let done_at = match machine_cmds.get(&cmd) {
@@ -382,6 +445,9 @@ pub async fn run_with_core<P: Programs>(
                 Effect::DropSnapshot { snapshot } => programs.drop_snapshot(&snapshot),
                 Effect::Reply(r) => {
                     report.replies += 1;
+                    if trace {
+                        eprintln!("  reply on {}: {}", r.thread, r.text.replace('\n', " | "));
+                    }
                     if let Some(t0) = asked_at.remove(&r.thread) {
                         reply_lat.push(world.now - t0);
                     }
@@ -390,14 +456,32 @@ pub async fn run_with_core<P: Programs>(
                             result_lat.push(world.now - t0);
                         }
                     }
-                    // A question is answered by its asker a minute later.
-                    if r.text.starts_with("Approval needed") {
+                    // A question is answered on its thread a minute later;
+                    // an answer refused is followed by an approver's.
+                    let refused = r.text.contains("may not approve");
+                    if refused {
+                        report.refused_answers += 1;
+                    }
+                    if (r.text.starts_with("Approval needed") || refused)
+                        && !cfg.answerers.is_empty()
+                    {
+                        if r.text.contains(" wants to ") {
+                            report.held += 1;
+                        }
+                        let who = if refused {
+                            cfg.answerers[0].clone()
+                        } else {
+                            let n = cfg.answerers.len() as u64;
+                            cfg.answerers[answers.below(n) as usize].clone()
+                        };
+                        let yes = answers.below(10) < 8;
                         let answer = TriggerInfo {
                             id: format!("trg_ans{}", report.replies),
                             thread: r.thread.clone(),
                             source: r.source.clone(),
-                            user: "ada".into(),
-                            text: "yes, go ahead".into(),
+                            trusted: world.trust.judge(&who, "").trusted,
+                            user: who,
+                            text: if yes { "yes, go ahead" } else { "no, don't" }.into(),
                             mention: false,
                             ..Default::default()
                         };
@@ -460,4 +544,99 @@ pub fn block_on<F: Future>(f: F) -> F::Output {
         }
     }
     panic!("block_on: the future waits on something outside itself; run it in an async runtime")
+}
+
+/// The containment property, checked independently of the core's own
+/// flags: a context is exposed when a model request of that worker (or of
+/// a worker up its parent chain) held [`UNTRUSTED_MARK`]; a command an
+/// exposed worker starts on a sensitive machine that is not declared
+/// read-only must carry an approval that an approver gave.
+#[derive(Default)]
+struct Oracle {
+    exposed: BTreeSet<String>,
+    /// Every approval as last seen: (state, by).
+    approvals: HashMap<String, (crate::state::ApprovalState, String)>,
+}
+
+impl Oracle {
+    fn saw_request(&mut self, session: &str, req: &crate::llm::Request) {
+        if req.messages.iter().any(|m| m.text.contains(UNTRUSTED_MARK)) {
+            self.exposed.insert(session.to_string());
+        }
+    }
+
+    fn saw_approvals(&mut self, core: &Core) {
+        for (id, a) in core.approvals() {
+            self.approvals.insert(id.clone(), (a.state, a.by.clone()));
+        }
+    }
+
+    fn exposed(&self, core: &Core, worker: &str) -> bool {
+        let mut cur = Some(worker.to_string());
+        for _ in 0..=crate::budgets::MAX_DEPTH_LIMIT {
+            let Some(w) = cur else {
+                return false;
+            };
+            if self.exposed.contains(&w) {
+                return true;
+            }
+            cur = core.worker(&w).and_then(|x| x.parent.clone());
+        }
+        false
+    }
+
+    fn check_command(&self, core: &Core, world: &TestWorld, s: &Start) -> Result<(), String> {
+        let Start {
+            worker,
+            cmd,
+            machine,
+            labels,
+            command,
+            approved_by,
+        } = *s;
+        let reach = world.machines_for(machine, labels);
+        let sensitive = reach.is_empty() || reach.iter().any(|m| m.sensitive());
+        let acts = reach.is_empty()
+            || reach
+                .iter()
+                .any(|m| !crate::core::read_only(command, &m.read_only));
+        // The core's own record must agree: all three flags, an approval.
+        let flagged = core.worker(worker).is_some_and(|w| w.flags.all_three());
+        let needed = (self.exposed(core, worker) && sensitive && acts) || flagged;
+        if !needed {
+            return Ok(());
+        }
+        if approved_by.is_empty() {
+            return Err(format!(
+                "{worker} started `{command}` on {machine:?} with untrusted input, a sensitive machine and a state change, and no approval"
+            ));
+        }
+        let labels = reach.first().map(|m| m.labels.clone());
+        if !world.trust.may_approve(approved_by, labels.as_ref()) {
+            return Err(format!(
+                "{worker} started `{command}` approved by {approved_by}, who may not approve"
+            ));
+        }
+        let apr = core
+            .worker(worker)
+            .and_then(|w| w.commands.get(cmd))
+            .and_then(|c| c.approval.clone())
+            .unwrap_or_default();
+        match self.approvals.get(&apr) {
+            Some((crate::state::ApprovalState::Approved, by)) if by == approved_by => Ok(()),
+            other => Err(format!(
+                "{worker} started {cmd} citing {approved_by} and approval {apr:?}, recorded as {other:?}"
+            )),
+        }
+    }
+}
+
+/// A command as it is started.
+struct Start<'a> {
+    worker: &'a str,
+    cmd: &'a str,
+    machine: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    command: &'a str,
+    approved_by: &'a str,
 }

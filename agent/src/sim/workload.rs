@@ -25,6 +25,18 @@ impl Rng {
 /// requests, follow-ups in the same threads, parallel checks with an
 /// approval, chatter, and the odd cancel. Returns (time, trigger) pairs.
 pub fn day(n: usize, seed: u64) -> Vec<(u64, TriggerInfo)> {
+    mixed_day(n, seed, 0)
+}
+
+/// Marks the text of every untrusted message of [`mixed_day`], so the
+/// simulator can see, independently of the core's own flags, which model
+/// contexts held untrusted text.
+pub const UNTRUSTED_MARK: &str = "ux-untrusted";
+
+/// [`day`] where `strangers` percent of the messages come from untrusted
+/// principals (`github:mallory`, `matrix:@eve:evil.example`), each text
+/// carrying [`UNTRUSTED_MARK`]; the rest are trusted teammates.
+pub fn mixed_day(n: usize, seed: u64, strangers: u64) -> Vec<(u64, TriggerInfo)> {
     let mut rng = Rng::new(seed);
     let span = 8 * 3600 * 1000u64;
     let users = ["ada", "bob", "cy", "dee", "eve"];
@@ -67,15 +79,30 @@ pub fn day(n: usize, seed: u64) -> Vec<(u64, TriggerInfo)> {
                 false,
             )
         };
+        // Drawn only when asked for, so `day`'s workloads stay as they were.
+        let stranger = strangers > 0 && rng.below(100) < strangers;
+        let (user, text) = if stranger {
+            let who = ["github:mallory", "matrix:@eve:evil.example"];
+            let u = who[rng.below(who.len() as u64) as usize].to_string();
+            (u, format!("{text} ({UNTRUSTED_MARK})"))
+        } else {
+            (user, text)
+        };
         out.push((
             t,
             TriggerInfo {
                 id: format!("trg_sim{i:05}"),
                 thread,
                 source: "chat".into(),
+                trust: if stranger {
+                    format!("{user} is not trusted")
+                } else {
+                    format!("{user} is a teammate")
+                },
                 user,
                 text,
                 mention,
+                trusted: !stranger,
                 ..Default::default()
             },
         ));

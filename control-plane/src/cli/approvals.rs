@@ -58,18 +58,38 @@ pub async fn run(c: &mut Client, cmd: ApprovalsCmd) -> anyhow::Result<i32> {
                 return Ok(0);
             }
             println!(
-                "{:<31} {:<9} {:<31} {:<12} QUESTION",
-                "ID", "STATE", "WORKER", "ASKED"
+                "{:<31} {:<9} {:<31} {:<12} {:<20} QUESTION",
+                "ID", "STATE", "WORKER", "ASKED", "WHO MAY ANSWER"
             );
             for a in rows {
+                // Open: who may answer; answered: who did.
+                let who = if s(&a, "state") == "open" {
+                    let v: Vec<&str> = a["approvers"]
+                        .as_array()
+                        .map(|v| v.iter().filter_map(|x| x.as_str()).collect())
+                        .unwrap_or_default();
+                    if v.is_empty() {
+                        "any admin".to_string()
+                    } else {
+                        v.join(",")
+                    }
+                } else {
+                    format!("by {}", s(&a, "by"))
+                };
                 println!(
-                    "{:<31} {:<9} {:<31} {:<12} {}",
+                    "{:<31} {:<9} {:<31} {:<12} {:<20} {}",
                     s(&a, "id"),
                     s(&a, "state"),
                     s(&a, "worker"),
                     ago_at(&a["created_at"]),
+                    who,
                     one_line(s(&a, "question"), 80)
                 );
+                for r in a["refused"].as_array().cloned().unwrap_or_default() {
+                    if let Some(r) = r.as_str() {
+                        println!("    refused: {}", one_line(r, 200));
+                    }
+                }
             }
         }
         ApprovalsCmd::Approve { id, answer } => {

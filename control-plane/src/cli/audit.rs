@@ -59,7 +59,7 @@ pub async fn run(c: &mut Client, cmd: AuditCmd) -> anyhow::Result<i32> {
             .iter()
             .map(|x| {
                 json!({
-                    "id": x.id, "requested_by": x.requested_by, "machine_id": x.machine_id,
+                    "id": x.id, "requested_by": x.requested_by, "approved_by": x.approved_by, "taint": x.taint, "machine_id": x.machine_id,
                     "command": command_line(x), "cwd": x.cwd, "created_at": time(x.created_at_ms),
                     "started_at": time(x.started_at_ms), "finished_at": time(x.finished_at_ms),
                     "state": x.state().name(), "exit_code": x.exit_code, "signal": x.signal,

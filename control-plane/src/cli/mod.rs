@@ -21,6 +21,7 @@ mod show;
 mod tasks;
 mod threads;
 mod token;
+mod trust;
 mod workers;
 
 use std::path::PathBuf;
@@ -86,6 +87,9 @@ pub enum Cmd {
     /// Natural-language policies the Router follows for candidate triggers.
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
+    /// Who is trusted and who may approve what untrusted input asks for.
+    #[command(subcommand)]
+    Trust(trust::TrustCmd),
     /// Who ran what where: the command audit trail.
     #[command(subcommand)]
     Audit(audit::AuditCmd),
@@ -242,6 +246,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Exec(e) => exec::run(&mut connect(g).await?, e).await,
         Cmd::Commands(x) => commands::run(&mut connect(g).await?, x).await,
         Cmd::Audit(x) => audit::run(&mut connect(g).await?, x).await,
+        Cmd::Trust(x) => trust::run(&mut connect(g).await?, x).await,
         Cmd::Events(x) => events::run(&mut connect(g).await?, x).await,
         Cmd::Policy(x) => policy::run(&mut connect(g).await?, x).await,
         Cmd::Connectors(x) => connectors::run(&mut connect(g).await?, x).await,

@@ -80,10 +80,15 @@ fn print_worker(v: &Value) {
                 one_line(s(c, "command"), 80),
                 if c["done"].as_bool() == Some(true) {
                     ""
+                } else if c["held"].is_string() {
+                    " (waiting for approval)"
                 } else {
                     " (running)"
                 }
             );
+            if !s(c, "approved_by").is_empty() {
+                println!("            approved by {}", s(c, "approved_by"));
+            }
         }
     }
     if let Some(ch) = v["children"].as_array() {
@@ -98,6 +103,14 @@ fn print_worker(v: &Value) {
     }
     if !s(sm, "last_report").is_empty() {
         println!("  report:   {}", one_line(s(sm, "last_report"), 300));
+    }
+    // The Rule of Two: what this worker holds, and which objects gave it.
+    println!(
+        "  rule of two: {} (A untrusted input, B sensitive access, C changes or communicates)",
+        s(sm, "rule_of_two")
+    );
+    for line in s(sm, "containment").lines() {
+        println!("    {}", one_line(line, 300));
     }
     println!("\ntranscript:");
     for m in v["conversation"].as_array().cloned().unwrap_or_default() {

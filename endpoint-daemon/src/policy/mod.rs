@@ -32,6 +32,8 @@ use analysis::{analyze, Analysis, Exec};
 pub use rules::glob;
 use rules::{expand, resolve, Pattern};
 
+use crate::shell::Arg;
+
 pub const POLICY_FILE: &str = "policy.toml";
 
 /// Written by `byomd pair` when no policy exists: safe but useful.
@@ -78,6 +80,19 @@ confirm = ["git push", "npm publish", "cargo publish"]
 # "allow" (subject to the rules above), "confirm" (each waits for
 # `byomd approve`), or "deny".
 commands = "allow"
+# Commands from an agent task that read text from someone the server does
+# not trust (a stranger's GitHub comment, a guest in a chat room): "deny",
+# "confirm" (each waits for `byomd approve`, unless a person the server
+# names approved it there, or it runs only read_only programs), or "allow".
+# The server says which tasks are untrusted and who approved: a server
+# that is compromised could lie about both. If that is in your threat
+# model, set commands = "confirm" above, which trusts nothing it is told.
+untrusted = "confirm"
+# Programs you declare read-only (a program, or a program and its first
+# words: "git status"): commands of only these need no approval for
+# untrusted tasks, and their output may be posted where the task came from.
+# List only programs whose output you would show anyone.
+read_only = []
 
 [dirs]
 # Commands run in, and may only be started in, a directory under one of these.
@@ -130,6 +145,16 @@ pub struct LimitRules {
     pub max_concurrency: Option<usize>,
 }
 
+/// What happens to agents' commands from tasks that read untrusted text.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UntrustedCommands {
+    Allow,
+    #[default]
+    Confirm,
+    Deny,
+}
+
 /// What happens to commands the agents send.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -144,6 +169,9 @@ pub enum AgentCommands {
 #[serde(deny_unknown_fields, default)]
 pub struct AgentRules {
     pub commands: AgentCommands,
+    pub untrusted: UntrustedCommands,
+    /// Programs (with their first words) that only read.
+    pub read_only: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -183,6 +211,10 @@ pub struct Request<'a> {
     pub timeout: Option<Duration>,
     /// A worker ID (`wrk_…`) when an agent sent it.
     pub requested_by: &'a str,
+    /// Why the server says the agent task is untrusted (empty: it is not).
+    pub taint: &'a str,
+    /// Who the server says approved it anyway.
+    pub approved_by: &'a str,
 }
 
 impl Request<'_> {
@@ -408,6 +440,11 @@ impl Policy {
             AgentCommands::Confirm => parts.push("agents' commands need local approval".into()),
             AgentCommands::Deny => parts.push("agents' commands denied".into()),
         }
+        match self.file.agents.untrusted {
+            UntrustedCommands::Allow => parts.push("untrusted tasks' commands allowed".into()),
+            UntrustedCommands::Confirm => {}
+            UntrustedCommands::Deny => parts.push("untrusted tasks' commands denied".into()),
+        }
         if let Some(u) = &self.file.run.user {
             parts.push(format!("runs as {u}"));
         }
@@ -548,6 +585,27 @@ impl Policy {
                 }
             }
         }
+        if req.from_agent() && !req.taint.is_empty() {
+            match self.file.agents.untrusted {
+                UntrustedCommands::Allow => {}
+                UntrustedCommands::Deny => {
+                    return deny(format!(
+                        "agents.untrusted = \"deny\": the task read untrusted input ({}) ({file})",
+                        req.taint
+                    ));
+                }
+                UntrustedCommands::Confirm => {
+                    if req.approved_by.is_empty() && !self.only_read_only(&a) {
+                        confirm.get_or_insert_with(|| {
+                            format!(
+                                "agents.untrusted = \"confirm\": the task read untrusted input ({}) and nobody approved it ({file})",
+                                req.taint
+                            )
+                        });
+                    }
+                }
+            }
+        }
         if confirm.is_none() {
             'find: for e in &a.execs {
                 for p in &self.confirm {
@@ -575,6 +633,37 @@ impl Policy {
             scrub,
             confirm,
             run_as: self.run_as.clone(),
+        })
+    }
+
+    /// Programs declared read-only, as the server is told (it needs no
+    /// approval for untrusted tasks' commands made only of these).
+    pub fn read_only(&self) -> Vec<String> {
+        self.file.agents.read_only.clone()
+    }
+
+    /// Every program the command runs is declared read-only, with its
+    /// declared first words, and nothing about it is unknowable.
+    fn only_read_only(&self, a: &Analysis) -> bool {
+        let declared = &self.file.agents.read_only;
+        if declared.is_empty() || !a.unknown.is_empty() || a.execs.is_empty() {
+            return false;
+        }
+        a.execs.iter().all(|e| {
+            let mut words: Vec<Option<String>> = e.argv.iter().map(Arg::literal).collect();
+            if let Some(Some(p)) = words.first_mut() {
+                *p = analysis::base(p).to_string();
+            }
+            e.via.is_empty()
+                && declared.iter().any(|d| {
+                    let want: Vec<&str> = d.split_whitespace().collect();
+                    !want.is_empty()
+                        && words.len() >= want.len()
+                        && want
+                            .iter()
+                            .zip(&words)
+                            .all(|(w, have)| have.as_deref() == Some(*w))
+                })
         })
     }
 

@@ -225,3 +225,62 @@ fn secret_restrictions() {
     assert_eq!(decide(&p, "echo {{secret:ASK}}", false), "confirm");
     assert_eq!(decide(&p, "echo no secrets", false), "allow");
 }
+
+fn decide_untrusted(p: &Policy, shell: &str, taint: &str, approved_by: &str) -> &'static str {
+    let req = Request {
+        shell,
+        cwd: "/tmp",
+        requested_by: "wrk_1",
+        taint,
+        approved_by,
+        ..Default::default()
+    };
+    match p.check(&req) {
+        Ok(Decision::Allow { confirm: None, .. }) => "allow",
+        Ok(Decision::Allow {
+            confirm: Some(_), ..
+        }) => "confirm",
+        Ok(Decision::Deny { .. }) => "deny",
+        Err(_) => "fails",
+    }
+}
+
+#[test]
+fn untrusted_tasks_commands_follow_agents_untrusted() {
+    // The default: confirm unless approved or only read-only programs.
+    let p = policy("[agents]\nread_only = [\"uptime\", \"git status\"]\n");
+    assert_eq!(decide_untrusted(&p, "rm -f x", "", ""), "allow");
+    assert_eq!(
+        decide_untrusted(&p, "rm -f x", "trg_1 from a stranger", ""),
+        "confirm"
+    );
+    assert_eq!(
+        decide_untrusted(&p, "rm -f x", "trg_1", "admin:ada"),
+        "allow"
+    );
+    assert_eq!(decide_untrusted(&p, "uptime", "trg_1", ""), "allow");
+    assert_eq!(
+        decide_untrusted(&p, "git status --short", "trg_1", ""),
+        "allow"
+    );
+    assert_eq!(decide_untrusted(&p, "git push", "trg_1", ""), "confirm");
+    // Quoting or chaining does not make a command read-only.
+    assert_eq!(
+        decide_untrusted(&p, "uptime; rm -f x", "trg_1", ""),
+        "confirm"
+    );
+    assert_eq!(
+        decide_untrusted(&p, "'up'time && sh -c 'rm x'", "trg_1", ""),
+        "confirm"
+    );
+    assert_eq!(
+        decide_untrusted(&p, "uptime $(rm x)", "trg_1", ""),
+        "confirm"
+    );
+    // deny refuses even what the server says was approved.
+    let p = policy("[agents]\nuntrusted = \"deny\"\n");
+    assert_eq!(decide_untrusted(&p, "uptime", "trg_1", "admin:ada"), "deny");
+    assert_eq!(decide_untrusted(&p, "uptime", "", ""), "allow");
+    let p = policy("[agents]\nuntrusted = \"allow\"\n");
+    assert_eq!(decide_untrusted(&p, "rm -f x", "trg_1", ""), "allow");
+}

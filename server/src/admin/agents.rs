@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use byom_agent::event::Event;
 use byom_agent::state::{Approval, ApprovalState, RouterState, WorkerState};
 use byom_agent::storage::keys;
+use byom_agent::trust::Trust;
 use byom_protocol::id::Kind;
 use byom_protocol::pb;
 use byom_store::{Space, StoreError};
@@ -75,6 +76,7 @@ fn summary(w: &WorkerState) -> Value {
         "updated_at": time(w.updated_ms), "commands": w.commands.len(), "running_commands": running,
         "program": w.js.as_ref().map(|j| format!("{}/js{}", w.id, j.run)),
         "model_calls": w.steps, "usage": w.usage, "last_report": w.last_report,
+        "rule_of_two": w.flags.letters(), "containment": w.flags.explain(),
     })
 }
 
@@ -191,6 +193,23 @@ impl Api {
                        "conversation_messages": r.conversation.len(), "dropped_turns": r.dropped_turns,
                        "subscriptions": r.subs})
             }
+            "trust" => serde_json::to_value(crate::trust::load(&self.store)).unwrap_or(Value::Null),
+            "set_trust" => self.set_trust(args, by)?,
+            "trust_check" => {
+                let t = crate::trust::load(&self.store);
+                let who = args.get("principal").and_then(Value::as_str).unwrap_or("");
+                let assoc = args
+                    .get("association")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let label = args.get("label").and_then(Value::as_str).unwrap_or("");
+                let labels: Option<BTreeMap<String, String>> = label
+                    .split_once('=')
+                    .map(|(k, v)| [(k.to_string(), v.to_string())].into());
+                let v = t.judge(who, assoc);
+                json!({"principal": who, "trusted": v.trusted, "why": v.why,
+                       "may_approve": t.may_approve(who, labels.as_ref())})
+            }
             other => return Err(invalid(format!("unknown agent op {other:?}"))),
         };
         Ok(pb::AgentResponse {
@@ -285,6 +304,23 @@ impl Api {
             .get("approved")
             .and_then(Value::as_bool)
             .ok_or_else(|| invalid("say approved: true or false"))?;
+        // The core decides (and records a refusal); said here too so the
+        // person at the CLI learns it at once.
+        let trust = crate::trust::load(&self.store);
+        let labels: Option<std::collections::BTreeMap<String, String>> = if a.machine.is_empty() {
+            None
+        } else {
+            self.store
+                .resolve_machine(&a.machine)
+                .map_err(store_err)?
+                .map(|m| m.labels.into_iter().collect())
+        };
+        if !trust.may_approve(by, labels.as_ref()) {
+            return Err(Status::permission_denied(format!(
+                "{by} may not approve {id}: only {} may (`byom trust approvers add {by}` by an approver lets you)",
+                trust.approvers_for(labels.as_ref()).join(", ")
+            )));
+        }
         let ev = Event::Answer {
             approval: id.to_string(),
             approved,
@@ -294,6 +330,30 @@ impl Api {
         let reply = json!({"id": id, "approved": approved});
         self.enqueue(&ev, id, &reply, claim).await?;
         Ok(reply)
+    }
+
+    /// Replaces the trust configuration. Only an approver for every
+    /// machine may change who approves and who is trusted, and nobody can
+    /// leave it with no approver at all.
+    fn set_trust(&self, args: Value, by: &str) -> Result<Value, Status> {
+        let current = crate::trust::load(&self.store);
+        if !current.may_approve(by, None) {
+            return Err(Status::permission_denied(format!(
+                "{by} may not change trust: only an approver for every machine may ({})",
+                current.approvers_for(None).join(", ")
+            )));
+        }
+        let new: Trust = serde_json::from_value(args)
+            .map_err(|e| invalid(format!("not a trust configuration: {e}")))?;
+        new.validate().map_err(invalid)?;
+        if !new.may_approve(by, None) {
+            return Err(invalid(format!(
+                "{by} would no longer be an approver for every machine; keep yourself (or add another) first"
+            )));
+        }
+        crate::trust::save(&self.store, &new).map_err(store_err)?;
+        tracing::info!(by, "trust configuration changed");
+        Ok(serde_json::to_value(&new).unwrap_or(Value::Null))
     }
 
     /// Puts a person's word in the agents' inbox, with the idempotency

@@ -73,6 +73,8 @@ impl Api {
                     timeout_ms: req.timeout_ms,
                     queue_ttl_ms: req.queue_ttl_ms,
                     requested_by: by,
+                    taint: String::new(),
+                    approved_by: String::new(),
                 },
                 Some(&claim),
             )

@@ -44,7 +44,7 @@ impl Api {
         };
         let t = self
             .triggers
-            .ingest(ev, Some(&claim))
+            .ingest(ev, Some(&claim), Some(by))
             .await
             .map_err(store_err)?;
         Ok(pb::SendEventResponse { trigger: Some(t) })

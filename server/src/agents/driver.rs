@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::programs::{error, run_program_step, Step};
 use super::world::{new_id, paused_programs, LiveWorld};
 use super::AgentInbox;
-use crate::commands::{Commands, Target};
+use crate::commands::{Commands, Origin, Target};
 use crate::live::LiveMachines;
 use crate::model::{complete, Model, RetryPolicy};
 use crate::triggers::Triggers;
@@ -389,6 +389,8 @@ impl Driver {
                     labels,
                     command,
                     timeout_ms,
+                    taint,
+                    approved_by,
                 } => {
                     let h = self.h.clone();
                     let tx = self.tx.clone();
@@ -400,7 +402,17 @@ impl Driver {
                         };
                         let created = h
                             .commands
-                            .ensure(&cmd, &worker, target, &command, timeout_ms)
+                            .ensure(
+                                &cmd,
+                                Origin {
+                                    requested_by: &worker,
+                                    taint: &taint,
+                                    approved_by: &approved_by,
+                                },
+                                target,
+                                &command,
+                                timeout_ms,
+                            )
                             .await;
                         let result = match created {
                             Ok(()) => match h.commands.wait_end(&cmd).await {

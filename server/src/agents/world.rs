@@ -6,7 +6,10 @@
 use std::sync::Arc;
 
 use byom_agent::storage::keys;
-use byom_agent::world::ThreadInfo;
+use std::collections::BTreeMap;
+
+use byom_agent::trust::Trust;
+use byom_agent::world::{MachineInfo, ThreadInfo};
 use byom_agent::World;
 use byom_protocol::id::{encode_body, Kind};
 use byom_protocol::pb;
@@ -153,6 +156,59 @@ impl World for LiveWorld {
             })
             .ok()
             .map(|t| t.id)
+    }
+
+    fn trust(&self) -> Trust {
+        crate::trust::load(&self.store)
+    }
+
+    fn machines_for(&self, machine: &str, labels: &BTreeMap<String, String>) -> Vec<MachineInfo> {
+        let info = |m: pb::Machine| MachineInfo {
+            name: m.name,
+            labels: m.labels.into_iter().collect(),
+            read_only: m.read_only,
+        };
+        if !machine.is_empty() {
+            return self
+                .store
+                .resolve_machine(machine)
+                .ok()
+                .flatten()
+                .map(info)
+                .into_iter()
+                .collect();
+        }
+        self.store
+            .list_machines()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| !m.revoked && labels.iter().all(|(k, v)| m.labels.get(k) == Some(v)))
+            .map(info)
+            .collect()
+    }
+
+    fn untrusted(&self, id: &str) -> Option<String> {
+        let why = |t: &pb::Trigger| {
+            if t.trusted || crate::triggers::is_own_reply(t) {
+                return None;
+            }
+            Some(if t.trust.is_empty() {
+                format!("{} from {}, not judged trusted", t.id, t.user)
+            } else {
+                format!("{}: {}", t.id, t.trust)
+            })
+        };
+        match Kind::of(id)? {
+            Kind::Trigger => why(&self.store.get_trigger(id).ok()??),
+            // What `recall` shows of a thread: its latest messages.
+            Kind::Thread => self
+                .store
+                .list_triggers(Some(id), RECALL_THREAD)
+                .ok()?
+                .iter()
+                .find_map(why),
+            _ => None,
+        }
     }
 }
 

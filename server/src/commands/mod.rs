@@ -81,7 +81,22 @@ pub struct NewCommand {
     /// 0: the default queue TTL.
     pub queue_ttl_ms: u64,
     pub requested_by: String,
+    /// Why the agent task behind it is untrusted (empty: it is not).
+    pub taint: String,
+    /// The person who approved it despite that.
+    pub approved_by: String,
 }
+
+/// Who asks for an agent's command, and what the daemon's owner is told
+/// about it.
+pub struct Origin<'a> {
+    pub requested_by: &'a str,
+    pub taint: &'a str,
+    pub approved_by: &'a str,
+}
+
+/// Longest reason for a command's taint the daemon is sent.
+const MAX_TAINT_CHARS: usize = 1000;
 
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
@@ -98,6 +113,9 @@ pub fn exec_request(c: &pb::Command) -> pb::ExecRequest {
         stdin: c.stdin.clone(),
         timeout_ms: c.timeout_ms,
         requested_by: c.requested_by.clone(),
+        tainted: c.tainted,
+        taint: c.taint.clone(),
+        approved_by: c.approved_by.clone(),
     }
 }
 
@@ -303,6 +321,9 @@ impl Commands {
             created_at_ms: now,
             queue_deadline_ms: now + ttl,
             requested_by: n.requested_by,
+            tainted: !n.taint.is_empty(),
+            taint: n.taint.chars().take(MAX_TAINT_CHARS).collect(),
+            approved_by: n.approved_by,
             ..Default::default()
         };
         // What the API accepts must reach the machine: the frame that will
@@ -332,7 +353,7 @@ impl Commands {
     pub async fn ensure(
         &self,
         id: &str,
-        requested_by: &str,
+        origin: Origin<'_>,
         target: Target,
         shell: &str,
         timeout_ms: u64,
@@ -355,7 +376,9 @@ impl Commands {
                 // A model's timeout is a wish: the longest allowed serves it.
                 timeout_ms: timeout_ms.min(ms(limits::MAX_COMMAND_TIMEOUT)),
                 queue_ttl_ms: 0,
-                requested_by: requested_by.to_string(),
+                requested_by: origin.requested_by.to_string(),
+                taint: origin.taint.to_string(),
+                approved_by: origin.approved_by.to_string(),
             },
             None,
         )

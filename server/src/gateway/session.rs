@@ -23,6 +23,9 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// What a daemon says about itself, without control characters and cut to
 /// `max` characters: it is shown to people.
+/// Most read-only programs a daemon may declare.
+const MAX_READ_ONLY: usize = 64;
+
 fn printable(s: &str, max: usize) -> String {
     s.chars().filter(|c| !c.is_control()).take(max).collect()
 }
@@ -112,6 +115,13 @@ pub(super) async fn serve(
         m.policy_digest = printable(&hello.policy_digest, 64);
         m.policy_summary = printable(&hello.policy_summary, 256);
         m.paused = hello.paused;
+        m.read_only = hello
+            .read_only
+            .iter()
+            .take(MAX_READ_ONLY)
+            .map(|p| printable(p, 64))
+            .filter(|p| !p.is_empty())
+            .collect();
         m.transport = transport.name.to_string();
         // The machine's own labels fill in; an admin's win.
         for (k, v) in hello.labels.iter().take(limits::MAX_LABELS) {

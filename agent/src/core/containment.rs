@@ -1,0 +1,583 @@
+//! The Rule of Two, in code: each worker carries [A] untrusted input, [B]
+//! sensitive access and [C] the power to act, each with its causes
+//! ([`Flags`]); before an effect happens the core adds what the effect
+//! would bring, and one that would complete all three is held for a
+//! person's approval instead. Flags only grow, pass to subagents (and back
+//! with their results) and to the programs a worker runs (their calls are
+//! its effects).
+//!
+//! Only people approve: an answer counts when its author is an approver
+//! for the machine involved, whoever carried it. The Router may carry one
+//! from a thread, naming the trigger it came in; the core reads that
+//! trigger's author and words itself.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::{push_bounded, Core};
+use crate::event::{CommandResult, Effect, Reply, RouterItem, TriggerInfo};
+use crate::state::{Approval, ApprovalKind, ApprovalState, Flags};
+use crate::trust::{answer_in, Trust};
+use crate::world::{MachineInfo, World};
+use byom_protocol::id::Kind;
+
+/// Refused answers kept on an approval.
+const MAX_REFUSED: usize = 16;
+
+/// Characters that make a command more than one program with plain
+/// arguments. Only such a plain command can be read-only here; the
+/// daemon checks every command again with a real shell parser.
+fn plain(command: &str) -> bool {
+    command
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || " -_./,:@+".contains(c))
+}
+
+/// Whether `command` runs only programs its machine's owner declared
+/// read-only: a plain command whose words start with a declared entry
+/// (`ls`, `git status`).
+pub fn read_only(command: &str, declared: &[String]) -> bool {
+    if !plain(command) {
+        return false;
+    }
+    let words: Vec<&str> = command.split_whitespace().collect();
+    declared.iter().any(|d| {
+        let want: Vec<&str> = d.split_whitespace().collect();
+        !want.is_empty() && words.len() >= want.len() && words[..want.len()] == want[..]
+    })
+}
+
+/// What running `command` on these machines adds: B when one of them is
+/// sensitive or a secret is used, C unless every one declares it read-only.
+pub fn command_flags(cmd: &str, command: &str, machines: &[MachineInfo], target: &str) -> Flags {
+    let mut f = Flags::default();
+    if machines.is_empty() {
+        f.add_sensitive(
+            target,
+            "no such machine is known, so it counts as sensitive",
+        );
+    }
+    for m in machines.iter().filter(|m| m.sensitive()) {
+        f.add_sensitive(&m.name, "a personal machine (not labelled sensitive=false)");
+    }
+    if command.contains("{{secret:") {
+        f.add_sensitive(cmd, "uses a {{secret:…}} handle");
+    }
+    if machines.is_empty() || machines.iter().any(|m| !read_only(command, &m.read_only)) {
+        f.add_acts(cmd, "runs a command that is not declared read-only");
+    }
+    f
+}
+
+impl Core {
+    /// The worker took in a message: untrusted text taints it.
+    pub(super) fn take_in(&mut self, worker: &str, t: &TriggerInfo, how: &str) {
+        if t.trusted {
+            return;
+        }
+        if let Some(w) = self.records.live_worker_mut(worker) {
+            w.flags.add_untrusted(&t.id, &format!("{how}: {}", t.trust));
+        }
+    }
+
+    /// A worker read a stored object: text from someone untrusted gives
+    /// it A; another worker's record gives it that worker's A and B; a
+    /// command's output is a machine's data (B).
+    pub(super) fn read_object(&mut self, world: &dyn World, worker: &str, obj: &str) {
+        let f = self.object_flags(world, obj);
+        if let Some(w) = self.records.live_worker_mut(worker) {
+            w.flags.absorb(&f);
+        }
+    }
+
+    /// What reading `obj` brings (see [`Core::read_object`]).
+    pub(super) fn object_flags(&self, world: &dyn World, obj: &str) -> Flags {
+        let mut f = Flags::default();
+        if let Some(why) = world.untrusted(obj) {
+            f.add_untrusted(obj, &format!("recalled: {why}"));
+        }
+        if let Some(o) = self.records.worker(obj) {
+            inherit(&mut f, &o.flags, obj, "the record of");
+        }
+        if obj.starts_with(Kind::Command.prefix()) {
+            f.add_sensitive(obj, "recalled a command's output");
+        }
+        f
+    }
+
+    /// A and B of the Router's current turn: untrusted messages in it, and
+    /// reports of workers that hold them. A worker made in this turn
+    /// starts with them (the Router's words to it may carry either).
+    pub(super) fn turn_flags(&self) -> Flags {
+        let mut f = self.records.router().turn_read.clone();
+        for it in &self.records.router().turn_items {
+            match it {
+                RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. } if !t.trusted => {
+                    f.add_untrusted(&t.id, &format!("in the Router's turn: {}", t.trust));
+                }
+                RouterItem::Report { worker, .. } => {
+                    if let Some(w) = self.records.worker(worker) {
+                        inherit(&mut f, &w.flags, worker, "a report of");
+                    }
+                }
+                _ => {}
+            }
+        }
+        f
+    }
+
+    /// The machines a command of `worker` on `machine` (or its labels)
+    /// could reach.
+    fn reach(
+        world: &dyn World,
+        machine: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<MachineInfo> {
+        world.machines_for(machine, labels)
+    }
+
+    /// Gate for a command: `None` when it may start now (its flags are
+    /// added to the worker's), or the approval it now waits for.
+    pub(super) fn gate_command(
+        &mut self,
+        world: &mut dyn World,
+        id: &str,
+        cmd: &str,
+        machine: &str,
+        command: &str,
+    ) -> Option<String> {
+        let w = self.records.worker(id)?;
+        let reach = Core::reach(world, machine, &w.labels);
+        let target = if machine.is_empty() {
+            label_text(&w.labels)
+        } else {
+            machine.to_string()
+        };
+        let mut after = w.flags.clone();
+        after.absorb(&command_flags(cmd, command, &reach, &target));
+        if !after.all_three() {
+            if let Some(w) = self.records.worker_mut(id) {
+                w.flags = after;
+            }
+            return None;
+        }
+        let question = format!(
+            "{id} wants to run `{command}` on {target}. It read untrusted input, {target} is sensitive, and the command can change things: {}.",
+            after.explain()
+        );
+        let labels = reach.first().map(|m| m.labels.clone());
+        Some(self.ask(
+            world,
+            id,
+            ApprovalKind::Command,
+            &target,
+            labels.as_ref(),
+            question,
+            after,
+            cmd,
+            None,
+        ))
+    }
+
+    /// Gate for a reply on `thread` that is not where this turn's people
+    /// spoke: each worker whose report brings it there communicates
+    /// elsewhere (C). `Ok(None)`: post now; `Ok(Some(apr))`: held.
+    pub(super) fn gate_reply(
+        &mut self,
+        world: &mut dyn World,
+        r: &Reply,
+    ) -> Result<Option<String>, String> {
+        let items = &self.records.router().turn_items;
+        let conversation = items.iter().any(|it| match it {
+            RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. } => t.thread == r.thread,
+            RouterItem::Question { thread, .. } => thread == &r.thread,
+            RouterItem::Report { .. } => false,
+        });
+        if conversation {
+            return Ok(None);
+        }
+        let speakers: Vec<String> = items
+            .iter()
+            .filter_map(|it| match it {
+                RouterItem::Report {
+                    worker, threads, ..
+                } if threads.contains(&r.thread) => Some(worker.clone()),
+                _ => None,
+            })
+            .filter(|w| {
+                self.records
+                    .worker(w)
+                    .is_some_and(|w| !w.own_threads.contains(&r.thread))
+            })
+            .collect();
+        if speakers.is_empty() {
+            // Only the Router's own unprompted post (an open thread).
+            let f = self.turn_flags();
+            if f.a() && f.b() {
+                return Err(format!(
+                    "posting on {} unprompted while this turn holds untrusted input and private data needs a person ({}); reply where the work came from",
+                    r.thread,
+                    f.explain()
+                ));
+            }
+            return Ok(None);
+        }
+        for w in speakers {
+            let Some(ws) = self.records.worker(&w) else {
+                continue;
+            };
+            let mut after = ws.flags.clone();
+            after.add_acts(&r.thread, "posts on a thread that is not its task's own");
+            if after.all_three() {
+                let machine = ws.machine.clone();
+                let labels = Core::reach(world, &machine, &ws.labels)
+                    .first()
+                    .map(|m| m.labels.clone());
+                let question = format!(
+                    "{w} wants to post on {} (not its task's thread): {}. The message: {}",
+                    r.thread,
+                    after.explain(),
+                    r.text.chars().take(300).collect::<String>()
+                );
+                let apr = self.ask(
+                    world,
+                    &w,
+                    ApprovalKind::Message,
+                    &machine,
+                    labels.as_ref(),
+                    question,
+                    after,
+                    "",
+                    Some(r.clone()),
+                );
+                return Ok(Some(apr));
+            }
+            if let Some(ws) = self.records.worker_mut(&w) {
+                ws.flags = after;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Opens an approval and carries its question to the worker's thread.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ask(
+        &mut self,
+        world: &mut dyn World,
+        worker: &str,
+        kind: ApprovalKind,
+        machine: &str,
+        labels: Option<&BTreeMap<String, String>>,
+        question: String,
+        flags: Flags,
+        cmd: &str,
+        reply: Option<Reply>,
+    ) -> String {
+        let apr = world.new_id(Kind::Approval);
+        let thread = self.root_thread(worker).unwrap_or_default();
+        let approvers = world.trust().approvers_for(labels);
+        let (run, call) = (0, 0);
+        self.records.insert_approval(Approval {
+            id: apr.clone(),
+            worker: worker.to_string(),
+            thread: thread.clone(),
+            question: question.clone(),
+            run,
+            call,
+            state: ApprovalState::Open,
+            answer: Value::Null,
+            by: String::new(),
+            created_ms: self.now,
+            answered_ms: 0,
+            kind,
+            machine: machine.to_string(),
+            cmd: cmd.to_string(),
+            reply,
+            flags,
+            approvers: approvers.clone(),
+            refused: Vec::new(),
+        });
+        push_bounded(
+            self.records.router_mut(),
+            RouterItem::Question {
+                approval: apr.clone(),
+                worker: worker.to_string(),
+                thread,
+                question: format!("{question} Who may approve: {}.", approvers.join(", ")),
+            },
+        );
+        self.settle_status(worker);
+        apr
+    }
+
+    /// Whether `by` may answer approval `apr`; the error names who may.
+    fn check_approver(&self, world: &dyn World, apr: &Approval, by: &str) -> Result<(), String> {
+        let trust: Trust = world.trust();
+        let labels = if apr.machine.is_empty() {
+            None
+        } else {
+            world
+                .machines_for(&apr.machine, &BTreeMap::new())
+                .first()
+                .map(|m| m.labels.clone())
+        };
+        if trust.may_approve(by, labels.as_ref()) {
+            return Ok(());
+        }
+        Err(format!(
+            "{by} may not approve {}: only {} may (or `byom approvals approve {}` by an admin who is an approver)",
+            apr.id,
+            trust.approvers_for(labels.as_ref()).join(", "),
+            apr.id
+        ))
+    }
+
+    /// A person's answer, from the CLI (`by` is their certificate's name)
+    /// or carried by the Router (`by` is the author of the trigger it came
+    /// in). Refused unless `by` is an approver.
+    pub(super) fn answer(
+        &mut self,
+        world: &mut dyn World,
+        apr: &str,
+        approved: bool,
+        answer: Value,
+        by: &str,
+    ) -> Result<(), String> {
+        let now = self.now;
+        let a = self
+            .records
+            .approvals()
+            .get(apr)
+            .cloned()
+            .ok_or_else(|| format!("no approval {apr}"))?;
+        if a.state != ApprovalState::Open {
+            return Err(format!("{apr} is already {}", a.state.name()));
+        }
+        if let Err(e) = self.check_approver(world, &a, by) {
+            if let Some(x) = self.records.approval_mut(apr) {
+                if x.refused.len() < MAX_REFUSED && !x.refused.iter().any(|r| r == by) {
+                    x.refused.push(by.to_string());
+                }
+            }
+            return Err(e);
+        }
+        let Some(x) = self.records.approval_mut(apr) else {
+            return Err(format!("no approval {apr}"));
+        };
+        x.state = if approved {
+            ApprovalState::Approved
+        } else {
+            ApprovalState::Denied
+        };
+        x.answer = answer.clone();
+        x.by = by.to_string();
+        x.answered_ms = now;
+        match a.kind {
+            ApprovalKind::Question => {
+                let v = json!({"approved": approved, "answer": answer, "by": by});
+                self.js_settle(&a.worker, a.run, a.call, Ok(v));
+            }
+            ApprovalKind::Command => self.release_command(&a, approved, by),
+            ApprovalKind::Message => {
+                if let Some(w) = self.records.worker_mut(&a.worker) {
+                    w.flags.absorb(&a.flags);
+                }
+                match (approved, a.reply) {
+                    (true, Some(r)) => self.out.push(Effect::Reply(r)),
+                    _ => self.worker_input(
+                        &a.worker,
+                        format!("(your message for another thread was not approved by {by}; it was not posted)"),
+                    ),
+                }
+            }
+        }
+        self.settle_status(&a.worker);
+        Ok(())
+    }
+
+    /// A held command's answer: start it under the approval, or end it as
+    /// denied (it never reached a machine).
+    fn release_command(&mut self, a: &Approval, approved: bool, by: &str) {
+        let Some(w) = self.records.live_worker_mut(&a.worker) else {
+            return;
+        };
+        let Some(c) = w.commands.get_mut(&a.cmd).filter(|c| !c.done) else {
+            return;
+        };
+        c.held = None;
+        if !approved {
+            let result = CommandResult {
+                state: "denied".into(),
+                exit_code: None,
+                stdout: String::new(),
+                stderr: String::new(),
+                duration_ms: 0,
+                reason: format!("not approved: {by} said no ({})", a.id),
+            };
+            let cmd = a.cmd.clone();
+            let worker = a.worker.clone();
+            self.command_done(&worker, &cmd, result);
+            return;
+        }
+        c.approval = Some(a.id.clone());
+        c.approved_by = by.to_string();
+        let (machine, command, timeout_ms) = (c.machine.clone(), c.command.clone(), c.timeout_ms);
+        w.flags.absorb(&a.flags);
+        let taint = taint_of(&w.flags);
+        let labels = w.labels.clone();
+        self.out.push(Effect::StartCommand {
+            worker: a.worker.clone(),
+            cmd: a.cmd.clone(),
+            machine,
+            labels,
+            command,
+            timeout_ms,
+            taint,
+            approved_by: by.to_string(),
+        });
+    }
+
+    /// The Router's `answer` tool: it names the trigger the answer came in,
+    /// and the core takes the author and the words from that trigger.
+    pub(super) fn carried_answer(
+        &mut self,
+        world: &mut dyn World,
+        apr: &str,
+        approved: bool,
+        trigger: Option<&str>,
+    ) -> Result<String, String> {
+        let Some(trg) = trigger else {
+            return Err(format!(
+                "only people approve: name the trigger whose author answered {apr} (trigger: \"trg_…\")"
+            ));
+        };
+        let t = self
+            .records
+            .router()
+            .turn_items
+            .iter()
+            .find_map(|it| match it {
+                RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. } if t.id == trg => {
+                    Some(t.clone())
+                }
+                _ => None,
+            })
+            .ok_or_else(|| format!("{trg} is not a message of this turn"))?;
+        let a = self
+            .records
+            .approvals()
+            .get(apr)
+            .cloned()
+            .ok_or_else(|| format!("no approval {apr}"))?;
+        if !a.thread.is_empty() && a.thread != t.thread {
+            return Err(format!(
+                "{trg} is on {}, but {apr} was asked on {}",
+                t.thread, a.thread
+            ));
+        }
+        match answer_in(&t.text) {
+            Some(said) if said == approved => {}
+            _ => {
+                return Err(format!(
+                    "{trg} does not clearly say {}; an approval needs a plain yes or no",
+                    if approved { "yes" } else { "no" }
+                ))
+            }
+        }
+        let who = if t.user_name.is_empty() {
+            t.user.clone()
+        } else {
+            t.user_name.clone()
+        };
+        match self.answer(world, apr, approved, Value::String(t.text.clone()), &t.user) {
+            Ok(()) => {
+                let text = if approved {
+                    format!("Approved by {who} ({apr}); continuing.")
+                } else {
+                    format!("Denied by {who} ({apr}); that step will not run.")
+                };
+                if let Ok(r) = self.reply(world, &t.thread, &text, "approval") {
+                    self.out.push(Effect::Reply(r));
+                }
+                Ok(format!(
+                    "{apr} {}",
+                    if approved { "approved" } else { "denied" }
+                ))
+            }
+            Err(e) if e.contains("may not approve") => {
+                let text = format!("{who}: {e}");
+                if let Ok(r) = self.reply(world, &t.thread, &text, "approval refused") {
+                    self.out.push(Effect::Reply(r));
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// `f`'s A and B, each under one cause naming where they came from.
+pub(super) fn inherit(into: &mut Flags, f: &Flags, from: &str, how: &str) {
+    if let Some(c) = f.untrusted.first() {
+        into.add_untrusted(from, &format!("{how} {from}, which read {}", c.object));
+    }
+    if let Some(c) = f.sensitive.first() {
+        into.add_sensitive(from, &format!("{how} {from}, which reached {}", c.object));
+    }
+}
+
+/// What the daemon is told about a command's worker's taint ("" when
+/// clean).
+pub(super) fn taint_of(f: &Flags) -> String {
+    f.untrusted
+        .iter()
+        .map(|c| format!("{} ({})", c.object, c.why))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn label_text(labels: &BTreeMap<String, String>) -> String {
+    let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("machines labelled {}", l.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_only_needs_a_plain_declared_command() {
+        let d = vec!["ls".to_string(), "git status".to_string()];
+        assert!(read_only("ls -la /tmp", &d));
+        assert!(read_only("git status --short", &d));
+        assert!(!read_only("git push", &d));
+        assert!(!read_only("ls; rm -rf ~", &d));
+        assert!(!read_only("ls $(rm x)", &d));
+        assert!(!read_only("ls 'a b'", &d));
+        assert!(!read_only("lsblk", &d));
+        assert!(!read_only("ls > /etc/x", &d));
+        assert!(!read_only("ls", &[]));
+    }
+
+    #[test]
+    fn command_flags_follow_labels_secrets_and_read_only() {
+        let lap = MachineInfo {
+            name: "lap".into(),
+            ..Default::default()
+        };
+        let ci = MachineInfo {
+            name: "ci".into(),
+            labels: [("sensitive".to_string(), "false".to_string())].into(),
+            read_only: vec!["ls".into()],
+        };
+        let f = command_flags("cmd_1", "uname", std::slice::from_ref(&lap), "lap");
+        assert!(f.b() && f.c());
+        let f = command_flags("cmd_1", "ls", std::slice::from_ref(&ci), "ci");
+        assert!(!f.b() && !f.c());
+        let f = command_flags("cmd_1", "echo {{secret:TOKEN}}", &[ci], "ci");
+        assert!(f.b() && f.c());
+        let f = command_flags("cmd_1", "ls", &[], "ghost");
+        assert!(f.b() && f.c());
+    }
+}
