@@ -268,6 +268,19 @@ impl Server {
         c
     }
 
+    /// `byom trust ARGS`, panicking on failure: tests whose channels'
+    /// people should be trusted say so, as an admin would.
+    pub fn trust(&self, args: &[&str]) {
+        let mut a = vec!["trust"];
+        a.extend_from_slice(args);
+        let out = self.byom(&a);
+        assert!(
+            out.status.success(),
+            "byom {a:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Runs `byom … --json` and parses the output, panicking on failure.
     pub fn json(&self, args: &[&str]) -> Value {
         let mut a = args.to_vec();

@@ -132,6 +132,8 @@ fn chat_task_follow_up_passes_through_and_replies_keep_channel_norms() {
     assert!(r[1].contains("(more: byom threads show"), "{}", r[1]);
 
     // Asynchronous channels (a signed webhook here) get structured replies.
+    // A webhook's sender is untrusted until an admin says otherwise.
+    server.trust(&["add", "webhook:github/*"]);
     let key = std::fs::read_to_string(server.data_dir.join("webhook.key")).unwrap();
     let key = key.trim().as_bytes().to_vec();
     let body = r#"{"thread": "pr-42", "user": "ada", "text": "please run `echo from-github` on lap", "mention": true}"#;

@@ -126,6 +126,7 @@ fn posts(api: &FakeApi) -> Vec<Seen> {
 fn slack_events_in_replies_out() {
     let api = slack_api();
     let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    server.trust(&["add", "slack:*"]);
     let token = dir.path().join("bot.token");
     let secret = dir.path().join("signing.secret");
     std::fs::write(&token, TOKEN).unwrap();
