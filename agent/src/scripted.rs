@@ -329,6 +329,7 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
         })
         .collect();
     let mut calls = Vec::new();
+    let mut answered = std::collections::HashSet::new();
     for e in elements(&msg.text, "event") {
         let thread = attr(&e, "thread").to_string();
         if e.flags.iter().any(|f| f == "report") {
@@ -374,9 +375,17 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
             ));
             continue;
         }
-        if let Some(a) = approvals.iter().find(|a| attr(a, "thread") == thread) {
+        // Several questions may be open on one thread (a program's
+        // parallel subagents each ask): each answer in the batch takes the
+        // next one still unanswered, so none is left waiting for an answer
+        // that was spent on its sibling.
+        if let Some(a) = approvals
+            .iter()
+            .find(|a| attr(a, "thread") == thread && !answered.contains(&attr(a, "id").to_string()))
+        {
             let apr = attr(a, "id");
             if has_word(text, YES) || has_word(text, NO) {
+                answered.insert(apr.to_string());
                 let approved = has_word(text, YES) && !has_word(text, NO);
                 // The core checks who said it and posts the outcome.
                 calls.push((
