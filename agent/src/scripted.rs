@@ -329,7 +329,7 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
         })
         .collect();
     let mut calls = Vec::new();
-    let mut answered = std::collections::HashSet::new();
+    let mut answered: std::collections::HashSet<String> = std::collections::HashSet::new();
     for e in elements(&msg.text, "event") {
         let thread = attr(&e, "thread").to_string();
         if e.flags.iter().any(|f| f == "report") {
@@ -381,7 +381,7 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
         // that was spent on its sibling.
         if let Some(a) = approvals
             .iter()
-            .find(|a| attr(a, "thread") == thread && !answered.contains(&attr(a, "id").to_string()))
+            .find(|a| attr(a, "thread") == thread && !answered.contains(attr(a, "id")))
         {
             let apr = attr(a, "id");
             if has_word(text, YES) || has_word(text, NO) {

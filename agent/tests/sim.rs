@@ -96,6 +96,7 @@ proptest::proptest! {
         let r = block_on(sim::run(events, &cfg, &mut ScriptedPrograms::new()))
             .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
         proptest::prop_assert!(r.quiescent, "{r:?}");
+        proptest::prop_assert!(r.tasks_unreported.is_empty(), "{r:?}");
     }
 }
 
@@ -119,4 +120,6 @@ fn strangers_requests_wait_for_approvers() {
     assert!(r.approved_runs > 0, "{r:?}");
     assert!(r.refused_answers > 0, "{r:?}");
     assert!(r.quiescent, "{r:?}");
+    // A tainted worker's result still reaches the thread that asked.
+    assert!(r.tasks_unreported.is_empty(), "{r:?}");
 }

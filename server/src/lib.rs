@@ -18,6 +18,7 @@
 //! the real interpreter.
 
 mod admin;
+mod admins;
 mod agents;
 mod channels;
 mod commands;

@@ -245,6 +245,34 @@ impl Pki {
         machine_id: &str,
         ttl: Duration,
     ) -> Result<(String, String, u64)> {
+        self.sign_client(
+            csr_pem,
+            machine_id,
+            &format!("byom:machine:{machine_id}"),
+            ttl,
+        )
+    }
+
+    /// Signs a personal admin certificate for the key in `csr_pem` (the
+    /// key stays with the person's CLI). Returns the certificate PEM and
+    /// the SHA-256 of the public key, which the admin list pins.
+    pub fn sign_admin(&self, csr_pem: &str, name: &str) -> Result<(String, String)> {
+        let (pem, spki, _) = self.sign_client(
+            csr_pem,
+            &format!("byom admin {name}"),
+            &format!("byom:admin:{name}"),
+            ADMIN_CERT_TTL,
+        )?;
+        Ok((pem, spki))
+    }
+
+    fn sign_client(
+        &self,
+        csr_pem: &str,
+        cn: &str,
+        role_uri: &str,
+        ttl: Duration,
+    ) -> Result<(String, String, u64)> {
         if csr_pem.len() > byom_protocol::limits::MAX_PEM_BYTES {
             return Err(PkiError::BadCsr("CSR too large".into()));
         }
@@ -252,8 +280,8 @@ impl Pki {
             .map_err(|e| PkiError::BadCsr(e.to_string()))?;
         let spki = hex(&sha256(&csr.public_key.subject_public_key_info()));
         let mut params = CertificateParams::default();
-        params.distinguished_name = dn(machine_id);
-        params.subject_alt_names = vec![uri(format!("byom:machine:{machine_id}"))?];
+        params.distinguished_name = dn(cn);
+        params.subject_alt_names = vec![uri(role_uri.to_string())?];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.serial_number = Some(random_serial());

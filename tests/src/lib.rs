@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod channels;
+pub mod provider;
 pub mod proxy;
 
 /// Directory holding the `byom` and `byomd` binaries: `BYOM_BIN_DIR`, else

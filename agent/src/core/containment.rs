@@ -197,7 +197,7 @@ impl Core {
         if conversation {
             return Ok(None);
         }
-        let speakers: Vec<String> = items
+        let reporters: Vec<String> = items
             .iter()
             .filter_map(|it| match it {
                 RouterItem::Report {
@@ -205,12 +205,21 @@ impl Core {
                 } if threads.contains(&r.thread) => Some(worker.clone()),
                 _ => None,
             })
+            .collect();
+        // A worker reporting on its task's own thread answers the people
+        // who asked; only a thread it took on later is "elsewhere".
+        let speakers: Vec<String> = reporters
+            .iter()
             .filter(|w| {
                 self.records
                     .worker(w)
                     .is_some_and(|w| !w.own_threads.contains(&r.thread))
             })
+            .cloned()
             .collect();
+        if !reporters.is_empty() && speakers.is_empty() {
+            return Ok(None);
+        }
         if speakers.is_empty() {
             // Only the Router's own unprompted post (an open thread).
             let f = self.turn_flags();

@@ -104,6 +104,9 @@ pub struct SimReport {
     pub tasks: usize,
     pub tasks_finished: usize,
     pub tasks_unfinished: Vec<String>,
+    /// Tasks that ended (done or failed) without their result reaching
+    /// any of their own threads.
+    pub tasks_unreported: Vec<String>,
     pub subagents: usize,
     pub router_turns: u64,
     pub router_model_calls: u64,
@@ -218,6 +221,7 @@ pub async fn run_with_core<P: Programs>(
     let mut asked_at: BTreeMap<String, u64> = BTreeMap::new();
     let mut reply_lat: Vec<u64> = Vec::new();
     let mut requested_at: BTreeMap<String, u64> = BTreeMap::new();
+    let mut reported: std::collections::BTreeSet<String> = Default::default();
     let mut result_lat: Vec<u64> = Vec::new();
     let mut report = SimReport::default();
     for (at, t) in events {
@@ -451,6 +455,12 @@ pub async fn run_with_core<P: Programs>(
                     if let Some(t0) = asked_at.remove(&r.thread) {
                         reply_lat.push(world.now - t0);
                     }
+                    if ["Done:", "failed:", "done:"]
+                        .iter()
+                        .any(|p| r.text.starts_with(p))
+                    {
+                        reported.insert(r.thread.clone());
+                    }
                     if r.text.starts_with("Done:") {
                         if let Some(t0) = requested_at.remove(&r.thread) {
                             result_lat.push(world.now - t0);
@@ -514,6 +524,13 @@ pub async fn run_with_core<P: Programs>(
                 | WorkerStatus::Failed
         ) && w.in_flight.is_none()
             && w.inbox.is_empty();
+        if matches!(
+            w.status,
+            WorkerStatus::Idle | WorkerStatus::Done | WorkerStatus::Failed
+        ) && !w.own_threads.iter().any(|t| reported.contains(t))
+        {
+            report.tasks_unreported.push(w.id.clone());
+        }
         if finished {
             report.tasks_finished += 1;
         } else {

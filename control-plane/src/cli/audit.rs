@@ -73,7 +73,14 @@ pub async fn run(c: &mut Client, cmd: AuditCmd) -> anyhow::Result<i32> {
     let names = super::machines::machine_names(c).await?;
     table(
         &[
-            "WHEN", "WHO", "MACHINE", "RESULT", "OUT/ERR", "CWD", "COMMAND",
+            "WHEN",
+            "WHO",
+            "APPROVED BY",
+            "MACHINE",
+            "RESULT",
+            "OUT/ERR",
+            "CWD",
+            "COMMAND",
         ],
         r.commands
             .iter()
@@ -81,6 +88,7 @@ pub async fn run(c: &mut Client, cmd: AuditCmd) -> anyhow::Result<i32> {
                 vec![
                     ago(x.created_at_ms),
                     or_dash(&x.requested_by),
+                    or_dash(&x.approved_by),
                     names
                         .get(&x.machine_id)
                         .cloned()

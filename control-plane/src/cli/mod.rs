@@ -3,6 +3,7 @@
 //! verb per file; all of them but `server`, `demo` and `js` speak to a
 //! server through `byom-api`.
 
+mod admins;
 mod agent;
 mod approvals;
 mod audit;
@@ -87,6 +88,9 @@ pub enum Cmd {
     /// Natural-language policies the Router follows for candidate triggers.
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
+    /// People who may use the API, each with a personal certificate.
+    #[command(subcommand)]
+    Admins(admins::AdminsCmd),
     /// Who is trusted and who may approve what untrusted input asks for.
     #[command(subcommand)]
     Trust(trust::TrustCmd),
@@ -247,6 +251,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Commands(x) => commands::run(&mut connect(g).await?, x).await,
         Cmd::Audit(x) => audit::run(&mut connect(g).await?, x).await,
         Cmd::Trust(x) => trust::run(&mut connect(g).await?, x).await,
+        Cmd::Admins(x) => admins::run(g, x).await,
         Cmd::Events(x) => events::run(&mut connect(g).await?, x).await,
         Cmd::Policy(x) => policy::run(&mut connect(g).await?, x).await,
         Cmd::Connectors(x) => connectors::run(&mut connect(g).await?, x).await,

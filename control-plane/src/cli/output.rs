@@ -157,6 +157,7 @@ pub fn command_json(c: &pb::Command) -> Value {
         "reason": c.reason, "stdout_bytes": c.stdout_bytes, "stderr_bytes": c.stderr_bytes,
         "truncated": c.truncated, "duration_ms": c.duration_ms, "requested_by": c.requested_by,
         "cancel_requested": c.cancel_requested, "pid": c.pid,
+        "tainted": c.tainted, "taint": c.taint, "approved_by": c.approved_by,
     })
 }
 

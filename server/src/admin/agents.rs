@@ -29,8 +29,9 @@ const MAX_RECORDS: usize = 1_000_000;
 
 /// Timestamps (ms since the epoch) in the agents' records, shown as
 /// RFC 3339 under their `_at` name. Durations keep their `_ms`.
-const TIMES: [(&str, &str); 6] = [
+const TIMES: [(&str, &str); 7] = [
     ("created_ms", "created_at"),
+    ("revoked_ms", "revoked_at"),
     ("updated_ms", "updated_at"),
     ("answered_ms", "answered_at"),
     ("started_ms", "started_at"),
@@ -210,6 +211,7 @@ impl Api {
                 json!({"principal": who, "trusted": v.trusted, "why": v.why,
                        "may_approve": t.may_approve(who, labels.as_ref())})
             }
+            "admins" | "admins_add" | "admins_revoke" => self.admins_op(&r.op, &args, by)?,
             other => return Err(invalid(format!("unknown agent op {other:?}"))),
         };
         Ok(pb::AgentResponse {

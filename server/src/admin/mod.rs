@@ -8,6 +8,7 @@ mod agents;
 mod commands;
 mod events;
 mod machines;
+mod people;
 mod show;
 
 use std::pin::Pin;
@@ -56,26 +57,47 @@ pub struct Api {
 pub struct AdminConn {
     tls: TlsStream<TcpStream>,
     admin: String,
+    /// SHA-256 of the certificate's public key, checked against the admin
+    /// list on every call.
+    spki: String,
     /// Its place in the gate, held while the connection lives.
     _ticket: crate::gate::Ticket,
 }
 
-/// Name from the admin certificate of the caller, in request extensions.
+/// Name and key from the admin certificate of the caller, in request
+/// extensions.
 #[derive(Clone, Debug)]
-pub struct AdminIdentity(pub String);
+pub struct AdminIdentity {
+    pub name: String,
+    pub spki: String,
+}
 
 impl tonic::transport::server::Connected for AdminConn {
     type ConnectInfo = AdminIdentity;
     fn connect_info(&self) -> AdminIdentity {
-        AdminIdentity(self.admin.clone())
+        AdminIdentity {
+            name: self.admin.clone(),
+            spki: self.spki.clone(),
+        }
     }
+}
+
+/// Every call is checked against the admin list as it is now, so a
+/// revoke takes effect on connections already open too.
+fn admitted(store: &Store, req: Request<()>) -> Result<Request<()>, Status> {
+    let Some(who) = req.extensions().get::<AdminIdentity>() else {
+        return Err(Status::unauthenticated("no admin certificate"));
+    };
+    let admins = crate::admins::load(store).map_err(store_err)?;
+    crate::admins::check(&admins, &who.name, &who.spki).map_err(Status::permission_denied)?;
+    Ok(req)
 }
 
 /// Who is calling: `admin:NAME`, from the certificate.
 fn caller<T>(req: &Request<T>) -> String {
     req.extensions()
         .get::<AdminIdentity>()
-        .map(|a| format!("admin:{}", a.0))
+        .map(|a| format!("admin:{}", a.name))
         .unwrap_or_else(|| "admin".into())
 }
 
@@ -133,7 +155,7 @@ pub async fn serve(
                     None => return,
                 };
                 let role = crate::tls::peer_role(tls.get_ref().1.peer_certificates());
-                let Some((Role::Admin(admin), _)) = role else {
+                let Some((Role::Admin(admin), info)) = role else {
                     tracing::warn!(%remote, "API client without an admin certificate refused");
                     return;
                 };
@@ -142,6 +164,7 @@ pub async fn serve(
                     .send(Ok(AdminConn {
                         tls,
                         admin,
+                        spki: info.spki_sha256,
                         _ticket: ticket,
                     }))
                     .await;
@@ -149,9 +172,12 @@ pub async fn serve(
         }
     });
     let shutdown = api.shutdown.clone();
+    let store = api.store.clone();
     let svc = AdminServer::new(api)
         .max_decoding_message_size(limits::MAX_FRAME_BYTES)
         .max_encoding_message_size(limits::MAX_FRAME_BYTES * 4);
+    let svc =
+        tonic::service::interceptor::InterceptedService::new(svc, move |req| admitted(&store, req));
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
     if let Err(e) = tonic::transport::Server::builder()
         .add_service(svc)

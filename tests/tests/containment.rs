@@ -1,0 +1,516 @@
+//! Containment end to end, with real processes: a real `byom server`, real
+//! `byomd` daemons, GitHub's own example `issue_comment` payload (its
+//! author, association and body set per case) signed and posted to the
+//! webhook, comments answered by a loopback GitHub API, and the scripted
+//! model (or, to play a prompt-injected Router, a loopback provider whose
+//! scripted answers are tampered with).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use byom_agent::llm::ToolCall;
+use byom_tests::channels::{connect_github, octokit_examples, post_hook, FakeApi};
+use byom_tests::provider::{Api, FakeProvider};
+use byom_tests::{stderr, wait_for, webhook_sign, Daemon, Server};
+use serde_json::{json, Value};
+
+const T: Duration = Duration::from_secs(60);
+const SECRET: &str = "containment-webhook-secret";
+const BOT: &str = "byom-bot";
+/// The repository of GitHub's example payload.
+const REPO: &str = "Codertocat/Hello-World";
+/// A maintainer (OWNER) who is also an approver.
+const MAINT: &str = "maint";
+/// Someone from the internet (association NONE).
+const STRANGER: &str = "mallory";
+
+/// A GitHub API that accepts every comment.
+fn github_api() -> FakeApi {
+    FakeApi::start(|r| match (r.method.as_str(), r.path.as_str()) {
+        ("GET", "/user") => (200, vec![], json!({"login": BOT}).to_string()),
+        ("POST", p) if p.ends_with("/comments") => (
+            201,
+            vec![],
+            json!({"id": 1, "body": r.json()["body"]}).to_string(),
+        ),
+        _ => (404, vec![], json!({"message": "Not Found"}).to_string()),
+    })
+}
+
+struct Gh {
+    server: Server,
+    api: FakeApi,
+    n: std::cell::Cell<u64>,
+}
+
+impl Gh {
+    /// The GitHub connector on `server`, with the maintainer an approver.
+    fn connect(server: Server, dir: &Path) -> Gh {
+        let api = github_api();
+        let token = dir.join("gh.token");
+        std::fs::write(&token, "ghp_containment").unwrap();
+        connect_github(
+            &server,
+            dir,
+            "gh",
+            SECRET,
+            &api.url(),
+            BOT,
+            &["--token-file", token.to_str().unwrap()],
+        );
+        server.trust(&["approvers", "add", &format!("github:{MAINT}")]);
+        Gh {
+            server,
+            api,
+            n: std::cell::Cell::new(0),
+        }
+    }
+
+    /// `login` (with GitHub's `association`) comments `body` on issue
+    /// `issue`, mentioning the bot; the trigger's ID.
+    fn comment(&self, issue: u64, login: &str, association: &str, body: &str) -> String {
+        let n = self.n.get() + 1;
+        self.n.set(n);
+        let mut ex = octokit_examples()
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == "issue_comment")
+            .expect("GitHub's issue_comment examples")["examples"][0]
+            .clone();
+        assert_eq!(ex["repository"]["full_name"], REPO);
+        ex["action"] = json!("created");
+        ex["issue"]["number"] = json!(issue);
+        ex["comment"]["id"] = json!(9000 + n);
+        ex["comment"]["body"] = json!(format!("@{BOT} {body}"));
+        ex["comment"]["user"]["login"] = json!(login);
+        ex["comment"]["author_association"] = json!(association);
+        let body = ex.to_string();
+        let sig = webhook_sign(SECRET.as_bytes(), &body);
+        let (st, v) = post_hook(
+            self.server.webhook_addr,
+            "/github/gh",
+            &[
+                ("X-GitHub-Event", "issue_comment"),
+                ("X-GitHub-Delivery", &format!("containment-{n}")),
+                ("X-Hub-Signature-256", &sig),
+            ],
+            &body,
+        );
+        assert_eq!(st, 202, "{v}");
+        v["trigger"].as_str().unwrap().to_string()
+    }
+
+    /// The agent's comments on issue `issue`, oldest first, as the GitHub
+    /// API received them.
+    fn replies(&self, issue: u64) -> Vec<String> {
+        let path = format!("/repos/{REPO}/issues/{issue}/comments");
+        self.api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == path)
+            .map(|r| r.json()["body"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    fn wait_reply(&self, issue: u64, what: &str, has: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + T;
+        loop {
+            let all = self.replies(issue);
+            if let Some(r) = all.iter().find(|r| has(r)) {
+                return r.clone();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what} on #{issue}; the agent said: {all:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn commands_with(&self, shell: &str) -> Vec<Value> {
+        self.server
+            .json(&["commands", "ls"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["shell"].as_str() == Some(shell))
+            .cloned()
+            .collect()
+    }
+
+    fn approvals(&self) -> Vec<Value> {
+        self.server
+            .json(&["approvals", "ls", "--all"])
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+}
+
+fn apr_id(text: &str) -> String {
+    let i = text.find("apr_").expect("an approval ID");
+    text[i..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// (1) A stranger's request waits for an approver; their own "yes" is
+/// refused and told who may approve; an approver's "yes" runs it and their
+/// "no" ends the next one. (2) A trusted maintainer's request runs at once.
+/// (5) The subagents of a stranger's program are tainted too.
+#[test]
+fn strangers_wait_for_an_approver_and_maintainers_do_not() {
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    let gh = Gh::connect(server, dir.path());
+
+    // (2) trusted: runs without any approval.
+    gh.comment(1, MAINT, "OWNER", "please run `echo trusted-ran` on lap");
+    let done = gh.wait_reply(1, "the result", |r| r.contains("Done:"));
+    assert!(done.contains("trusted-ran"), "{done}");
+    assert!(gh.approvals().is_empty(), "{:?}", gh.approvals());
+
+    // (1) a stranger's request: held, nothing runs.
+    gh.comment(2, STRANGER, "NONE", "please run `echo stranger-ran` on lap");
+    let ask = gh.wait_reply(2, "the approval question", |r| {
+        r.contains("Approval needed")
+    });
+    assert!(
+        ask.contains(&format!("github:{MAINT}")),
+        "names who may approve: {ask}"
+    );
+    assert!(ask.contains("trg_"), "names what tainted it: {ask}");
+    let apr = apr_id(&ask);
+    assert!(gh.commands_with("echo stranger-ran").is_empty());
+    let ls = gh.server.byom(&["approvals", "ls"]);
+    assert!(
+        byom_tests::stdout(&ls).contains(&format!("github:{MAINT}")),
+        "approvals ls shows who may answer: {}",
+        byom_tests::stdout(&ls)
+    );
+
+    // The stranger approves their own request: refused, told who can.
+    gh.comment(2, STRANGER, "NONE", "yes, go ahead");
+    let refused = gh.wait_reply(2, "the refusal", |r| r.contains("may not approve"));
+    assert!(refused.contains(&format!("github:{MAINT}")), "{refused}");
+    let a = gh.approvals();
+    let a = a.iter().find(|a| a["id"] == apr.as_str()).unwrap();
+    assert_eq!(a["state"], "open", "{a}");
+    assert!(gh.commands_with("echo stranger-ran").is_empty());
+
+    // The approver says yes: it runs, and the approval names them.
+    gh.comment(2, MAINT, "OWNER", "yes, go ahead");
+    let done = gh.wait_reply(2, "the result", |r| r.contains("Done:"));
+    assert!(done.contains("stranger-ran"), "{done}");
+    let a = gh.approvals();
+    let a = a.iter().find(|a| a["id"] == apr.as_str()).unwrap();
+    assert_eq!(
+        (&a["state"], &a["by"]),
+        (&json!("approved"), &json!(format!("github:{MAINT}"))),
+        "{a}"
+    );
+    let c = &gh.commands_with("echo stranger-ran")[0];
+    assert_eq!(c["approved_by"], format!("github:{MAINT}"), "{c}");
+    assert!(c["taint"].as_str().unwrap().contains("trg_"), "{c}");
+
+    // A denial ends it, and nothing runs.
+    gh.comment(3, STRANGER, "NONE", "please run `echo denied-ran` on lap");
+    gh.wait_reply(3, "the approval question", |r| {
+        r.contains("Approval needed")
+    });
+    gh.comment(3, MAINT, "OWNER", "no, don't");
+    gh.wait_reply(3, "the denial", |r| r.contains("Denied by"));
+    assert!(gh.commands_with("echo denied-ran").is_empty());
+
+    // (5) a stranger's program: its subagents are tainted and wait too.
+    gh.comment(
+        4,
+        STRANGER,
+        "NONE",
+        "check `echo sub-one` and `echo sub-two` on lap in parallel",
+    );
+    let subs = wait_for("two held subagents", T, || {
+        let ws = gh.server.json(&["workers", "ls"]);
+        let subs: Vec<Value> = ws
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["parent"].is_string())
+            .cloned()
+            .collect();
+        (subs.len() == 2).then_some(subs)
+    });
+    for s in subs {
+        let id = s["id"].as_str().unwrap();
+        let w = gh.server.json(&["workers", "show", id]);
+        let flags = w["summary"]["rule_of_two"].as_str().unwrap_or("");
+        assert!(flags.contains('A'), "{id}: {w}");
+        let why = w["summary"]["containment"].to_string();
+        assert!(why.contains("spawned by"), "{id}: {why}");
+        let out = gh.server.byom(&["workers", "show", id]);
+        assert!(
+            byom_tests::stdout(&out).contains("untrusted input"),
+            "{}",
+            byom_tests::stdout(&out)
+        );
+    }
+    assert!(gh.commands_with("echo sub-one").is_empty());
+}
+
+/// (3) A worker a maintainer started reads a stranger's message passed
+/// through on its thread; the output it then reports names another issue,
+/// which it follows: posting there waits for an approver.
+#[test]
+fn a_tainted_worker_posting_elsewhere_needs_an_approval() {
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    let gh = Gh::connect(server, dir.path());
+    gh.comment(10, MAINT, "OWNER", "please run `sleep 4` on lap");
+    wait_for("sleep running", T, || {
+        gh.commands_with("sleep 4")
+            .into_iter()
+            .find(|c| c["state"] == "running")
+    });
+    let link = format!("https://github.com/{REPO}/issues/11");
+    gh.comment(
+        10,
+        STRANGER,
+        "NONE",
+        &format!("also run `echo see {link}` on lap"),
+    );
+    // The command the stranger's text asked for waits first.
+    let ask = gh.wait_reply(10, "the command's approval", |r| {
+        r.contains("Approval needed") && r.contains("echo see")
+    });
+    gh.comment(10, MAINT, "OWNER", "yes");
+    let _ = apr_id(&ask);
+    // Then the report to #11 (not the task's thread) is held, asked on #10.
+    let post = gh.wait_reply(10, "the post's approval", |r| {
+        r.contains("Approval needed") && r.contains("wants to post")
+    });
+    assert!(
+        post.contains(&format!("{REPO}#11")) || post.contains("thr_"),
+        "{post}"
+    );
+    assert!(
+        gh.replies(11).is_empty(),
+        "nothing posted on #11 yet: {:?}",
+        gh.replies(11)
+    );
+    gh.comment(10, MAINT, "OWNER", "yes");
+    let on11 = gh.wait_reply(11, "the approved post", |r| r.contains("echo see"));
+    assert!(on11.contains("issues/11"), "{on11}");
+    // The task's own thread hears the result without asking anyone.
+    let own = gh.wait_reply(10, "the result", |r| {
+        r.contains("Done:") && r.contains("echo see")
+    });
+    assert!(own.contains("issues/11"), "{own}");
+}
+
+/// (4) A prompt-injected Router answers the approval itself (with no
+/// person's message, then with a made-up one): the core refuses both, the
+/// command does not run, and a person's answer still works.
+#[test]
+fn the_router_cannot_approve_on_its_own() {
+    let results: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = results.clone();
+    let provider = FakeProvider::start_with(Api::OpenAi, move |req, mut resp| {
+        for m in &req.messages {
+            if m.role == byom_agent::llm::Role::Tool {
+                seen.lock().unwrap().push(m.text.clone());
+            }
+        }
+        let last = match req.messages.last() {
+            Some(m) if m.role == byom_agent::llm::Role::User => m.text.clone(),
+            _ => return resp,
+        };
+        const QUESTION: &str = "<event question approval=";
+        if let Some(i) = last.find(QUESTION) {
+            {
+                let apr: String = last[i + QUESTION.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                for (k, args) in [
+                    json!({"approval": apr, "approved": true}),
+                    json!({"approval": apr, "approved": true, "trigger": "trg_0000000000000000000000000000"}),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    resp.tool_calls.push(ToolCall {
+                        id: format!("call_self_{k}"),
+                        name: "answer".into(),
+                        arguments: args,
+                    });
+                }
+            }
+        }
+        resp
+    });
+    let base = format!("http://{}/v1", provider.addr);
+    let (dir, server, _lap) = Server::with_lap(
+        &[
+            "--router-model",
+            "openai:injected",
+            "--openai-base-url",
+            &base,
+        ],
+        &[("OPENAI_API_KEY", "sk-test")],
+    );
+    let gh = Gh::connect(server, dir.path());
+    gh.comment(
+        20,
+        STRANGER,
+        "NONE",
+        "please run `echo self-approved` on lap",
+    );
+    let ask = gh.wait_reply(20, "the approval question", |r| {
+        r.contains("Approval needed")
+    });
+    let apr = apr_id(&ask);
+    let refusals = wait_for("the core's answers to the Router", T, || {
+        let r: Vec<String> = results
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|t| {
+                t.contains("only people approve") || t.contains("not a message of this turn")
+            })
+            .cloned()
+            .collect();
+        (r.len() >= 2).then_some(r)
+    });
+    assert!(
+        refusals.iter().any(|r| r.contains("only people approve")),
+        "{refusals:?}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let a = gh.approvals();
+    let a = a.iter().find(|a| a["id"] == apr.as_str()).unwrap();
+    assert_eq!(a["state"], "open", "{a}");
+    assert!(gh.commands_with("echo self-approved").is_empty());
+    gh.comment(20, MAINT, "OWNER", "yes");
+    let done = gh.wait_reply(20, "the result", |r| r.contains("Done:"));
+    assert!(done.contains("self-approved"), "{done}");
+}
+
+/// (6) The owner's `[agents] untrusted = "deny"` refuses a stranger's
+/// command even though the server says an approver approved it.
+#[test]
+fn the_owner_can_refuse_untrusted_work_whatever_the_server_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let mut d = Daemon::new(dir.path(), "strict");
+    d.pair(&server.token(&["--name", "strict"]), "strict");
+    let p = d.config_dir.join("policy.toml");
+    let text = std::fs::read_to_string(&p).unwrap();
+    assert!(text.contains("untrusted = \"confirm\""));
+    std::fs::write(
+        &p,
+        text.replace("untrusted = \"confirm\"", "untrusted = \"deny\""),
+    )
+    .unwrap();
+    d.start();
+    server.wait_online("strict", true, T);
+    let gh = Gh::connect(server, dir.path());
+    gh.comment(
+        30,
+        STRANGER,
+        "NONE",
+        "please run `echo strict-ran` on strict",
+    );
+    gh.wait_reply(30, "the approval question", |r| {
+        r.contains("Approval needed")
+    });
+    gh.comment(30, MAINT, "OWNER", "yes");
+    let c = wait_for("the command to end", T, || {
+        gh.commands_with("echo strict-ran").into_iter().find(|c| {
+            !matches!(
+                c["state"].as_str(),
+                Some("queued" | "dispatched" | "running")
+            )
+        })
+    });
+    assert_ne!(c["state"], "exited", "{c}");
+    assert!(
+        c.to_string().contains("untrusted"),
+        "the refusal names the policy: {c}"
+    );
+    assert_eq!(c["approved_by"], format!("github:{MAINT}"), "{c}");
+    let log = d.log();
+    assert!(!log.contains("strict-ran\n"), "{log}");
+}
+
+/// Personal admin certificates: two admins each see their own name in the
+/// audit; a revoked certificate is refused, with a message saying so.
+#[test]
+fn each_admin_is_named_and_a_revoked_one_is_refused() {
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    let ada = dir.path().join("ada-creds");
+    let bob = dir.path().join("bob-creds");
+    for (name, out) in [("ada", &ada), ("bob", &bob)] {
+        let o = server.byom(&["admins", "add", name, "--out", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let as_ = |creds: &Path, args: &[&str]| {
+        server
+            .byom_cmd(args)
+            .env("BYOM_CREDS", creds)
+            .output()
+            .unwrap()
+    };
+    for (creds, word) in [(&ada, "from-ada"), (&bob, "from-bob")] {
+        let o = as_(creds, &["exec", "lap", "--", "echo", word]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let audit = server.json(&["audit", "ls"]);
+    let by = |word: &str| {
+        audit
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r.to_string().contains(word))
+            .map(|r| r["requested_by"].clone())
+    };
+    assert_eq!(by("from-ada"), Some(json!("admin:ada")), "{audit}");
+    assert_eq!(by("from-bob"), Some(json!("admin:bob")), "{audit}");
+
+    // Ada revokes Bob: his next call is refused and says why.
+    let o = as_(&ada, &["admins", "revoke", "bob"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = as_(&bob, &["machines", "ls"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("revoked by admin:ada"),
+        "{}",
+        stderr(&o)
+    );
+    // Nobody revokes themselves; Ada still works.
+    let o = as_(&ada, &["admins", "revoke", "ada"]);
+    assert!(!o.status.success());
+    let ls = as_(&ada, &["admins", "ls", "--json"]);
+    let v: Value = serde_json::from_slice(&ls.stdout).unwrap();
+    let bob_row = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "bob")
+        .unwrap();
+    assert_eq!(bob_row["revoked"], true, "{v}");
+    // Re-issuing a name retires its earlier certificate.
+    let ada2 = dir.path().join("ada2");
+    let o = as_(
+        &ada,
+        &["admins", "add", "ada", "--out", ada2.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = as_(&ada, &["machines", "ls"]);
+    assert!(
+        stderr(&o).contains("replaced by a newer one"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(as_(&ada2, &["machines", "ls"]).status.success());
+}
