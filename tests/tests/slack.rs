@@ -314,3 +314,100 @@ fn slack_events_in_replies_out() {
         "CGONE/1700000003.000100"
     );
 }
+
+/// With `byom trust set --slack-members true`, the workspace's members are
+/// trusted and its guests are not (asked of `users.info`, as Slack
+/// documents it), and neither is a Slack Connect user from another
+/// organisation, whatever their standing there.
+#[test]
+fn members_are_trusted_and_guests_are_not() {
+    let api = FakeApi::start(|r: &Seen| {
+        let user = |u: &str, restricted: bool| {
+            json!({"ok": true, "user": {"id": u, "team_id": "T0001", "name": u,
+                   "deleted": false, "is_restricted": restricted,
+                   "is_ultra_restricted": false, "is_bot": false}})
+            .to_string()
+        };
+        let authed = r.header("authorization") == Some(&format!("Bearer {TOKEN}"));
+        match (authed, r.method.as_str(), r.path.as_str()) {
+            (true, "GET", "/api/users.info?user=U0ADA") => (200, vec![], user("U0ADA", false)),
+            (true, "GET", "/api/users.info?user=U0GUEST") => (200, vec![], user("U0GUEST", true)),
+            (true, "POST", "/api/auth.test") => (
+                200,
+                vec![],
+                json!({"ok": true, "team_id": "T0001", "user_id": "UBOT"}).to_string(),
+            ),
+            (true, "POST", "/api/chat.postMessage") => (
+                200,
+                vec![],
+                json!({"ok": true, "channel": "C0OPS", "ts": "1800000000.000001"}).to_string(),
+            ),
+            _ => (
+                200,
+                vec![],
+                json!({"ok": false, "error": "user_not_found"}).to_string(),
+            ),
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    server.trust(&["set", "--slack-members", "true"]);
+    let token = dir.path().join("bot.token");
+    let secret = dir.path().join("signing.secret");
+    std::fs::write(&token, TOKEN).unwrap();
+    std::fs::write(&secret, SECRET).unwrap();
+    let out = server.byom(&[
+        "connectors",
+        "add",
+        "slack",
+        "acme",
+        "--bot-token-file",
+        token.to_str().unwrap(),
+        "--signing-secret-file",
+        secret.to_str().unwrap(),
+        "--api-url",
+        &format!("{}/api", api.url()),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cases = [
+        ("U0ADA", json!({}), "member", true),
+        ("U0GUEST", json!({}), "guest", false),
+        ("U0NOBODY", json!({}), "", false),
+        ("U0ADA", json!({"user_team": "T0OTHER"}), "external", false),
+    ];
+    for (i, (user, extra, assoc, trusted)) in cases.into_iter().enumerate() {
+        let mut extra = extra;
+        extra["user"] = json!(user);
+        let ts = format!("1700000001.{i:06}");
+        let body = callback(
+            &format!("EvM{i}"),
+            message("C0OPS", &ts, "morning all", extra),
+        );
+        let (st, v) = signed(&server, &body, now_s());
+        assert_eq!(st, 200, "{v}");
+        let id = v["trigger"].as_str().unwrap();
+        let t = server.json(&["show", id]);
+        assert_eq!(
+            (t["author_association"].as_str(), t["trusted"].as_bool()),
+            (Some(assoc), Some(trusted)),
+            "{user} {i}: {t}"
+        );
+    }
+    // Asked once per person, not once per message.
+    let again = callback(
+        "EvM9",
+        message(
+            "C0OPS",
+            "1700000002.000001",
+            "again",
+            json!({"user": "U0ADA"}),
+        ),
+    );
+    assert_eq!(signed(&server, &again, now_s()).0, 200);
+    let asks = api
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/api/users.info?user=U0ADA")
+        .count();
+    assert_eq!(asks, 1);
+}

@@ -176,6 +176,7 @@ pub fn trigger_json(t: &pb::Trigger) -> Value {
         "decision": t.decision().name(), "reason": t.reason, "user_name": t.user_name,
         "channel": t.channel, "external_id": t.external_id, "reply_to": t.reply_to, "link": t.link,
         "author_association": t.author_association, "kind": t.kind,
+        "trusted": t.trusted, "trust": t.trust, "principal": t.principal,
     })
 }
 

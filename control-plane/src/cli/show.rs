@@ -42,6 +42,13 @@ pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
                 println!("{}", trigger_line(&t));
                 println!("  thread:   {}", t.thread_id);
                 println!("  decision: {}", safe_line(&t.reason));
+                if !t.principal.is_empty() {
+                    println!(
+                        "  trust:    {} ({})",
+                        if t.trusted { "trusted" } else { "untrusted" },
+                        safe_line(&t.trust)
+                    );
+                }
                 for (k, v) in [
                     ("from", &t.user_name),
                     ("replies to", &t.reply_to),

@@ -166,12 +166,77 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
             .and_then(|id| ch.store.get_trigger(&id).ok().flatten())
             .is_some_and(|t| t.from_bot && t.user == "byom");
     }
+    // Slack Connect users from another organisation carry their own team.
+    let user_team = v["event"]["user_team"].as_str().unwrap_or(team);
+    if user_team != team {
+        ev.author_association = "external".into();
+    } else if crate::trust::load(&ch.store).slack_members && !ev.from_bot {
+        if let Some(u) = v["event"]["user"].as_str() {
+            ev.author_association = membership(ch, c, u).await;
+        }
+    }
     match ch.triggers.ingest_with(ev, Ingest::default()).await {
         Ok(Ingested::New(t)) => (200, json!({"trigger": t.id})),
         Ok(Ingested::Duplicate(t)) => (200, json!({"trigger": t.id, "duplicate": true})),
         // Slack retries a 5xx: nothing is lost.
         Err(e) => (503, json!({"error": e.to_string()})),
     }
+}
+
+/// How long a person's member-or-guest standing is reused.
+const MEMBERSHIP_TTL_MS: u64 = 3600 * 1000;
+/// Longest the events handler waits for `users.info` (Slack itself waits
+/// three seconds for the whole answer).
+const MEMBERSHIP_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// `member` or `guest` (single- or multi-channel) for a user of the
+/// workspace, from `users.info`, remembered for an hour; `""` when Slack
+/// cannot say, which leaves them untrusted.
+async fn membership(ch: &Channels, c: &pb::Connector, user: &str) -> String {
+    let key = format!("member:{user}");
+    let now = byom_wire::now_ms();
+    if let Ok(Some(b)) = ch.store.channel_state(&c.name, &key) {
+        let cached: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+        if cached["at"].as_u64().unwrap_or(0) + MEMBERSHIP_TTL_MS > now {
+            return cached["is"].as_str().unwrap_or("").to_string();
+        }
+    }
+    // Slack's user IDs are letters and digits; anything else is not asked.
+    if user.is_empty() || user.len() > 32 || !user.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return String::new();
+    }
+    let api = SlackApi::new(c);
+    let r = http::request(
+        "GET",
+        &format!("{}/users.info?user={user}", api.base),
+        &[("authorization", format!("Bearer {}", api.token))],
+        None,
+        MEMBERSHIP_TIMEOUT,
+    )
+    .await;
+    let v = match r {
+        Ok(r) => r.json(),
+        Err(e) => {
+            tracing::warn!(connector = %c.name, user, "users.info failed ({e}); treating them as untrusted");
+            return String::new();
+        }
+    };
+    if v["ok"] != true {
+        tracing::warn!(connector = %c.name, user, error = %v["error"], "users.info refused; treating them as untrusted (the app needs users:read)");
+        return String::new();
+    }
+    let u = &v["user"];
+    let guest = u["is_restricted"] == true || u["is_ultra_restricted"] == true;
+    let is = if u["deleted"] == true {
+        ""
+    } else if guest {
+        "guest"
+    } else {
+        "member"
+    };
+    let rec = json!({"at": now, "is": is}).to_string();
+    let _ = ch.store.put_channel_state(&c.name, &key, rec.as_bytes());
+    is.to_string()
 }
 
 pub struct SlackApi {
