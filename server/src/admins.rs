@@ -98,7 +98,13 @@ pub fn check(admins: &Admins, name: &str, spki: &str) -> Result<(), String> {
     }
 }
 
+/// A name `byom admins add` may issue: not the bootstrap admin's.
 pub fn validate_name(name: &str) -> Result<(), AdminError> {
+    if name == BOOTSTRAP {
+        return Err(AdminError::Invalid(format!(
+            "{BOOTSTRAP} is the bootstrap admin, kept in the server's data dir; choose a person's name"
+        )));
+    }
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME
         && name
@@ -124,11 +130,6 @@ pub fn add(
     now_ms: u64,
 ) -> Result<AdminRecord, AdminError> {
     validate_name(name)?;
-    if name == BOOTSTRAP {
-        return Err(AdminError::Invalid(format!(
-            "{BOOTSTRAP} is the bootstrap admin, kept in the server's data dir; choose a person's name"
-        )));
-    }
     let mut all = load(store)?;
     if !all.contains_key(name) && all.len() >= MAX_ADMINS {
         return Err(AdminError::Refused(format!(

@@ -115,6 +115,27 @@ fn message(channel: &str, ts: &str, text: &str, extra: Value) -> Value {
     m
 }
 
+/// `byom connectors add slack acme` with the test's token and secret
+/// (written to files in `dir`) and the Web API at `url`.
+fn add_connector(server: &Server, dir: &std::path::Path, url: &str) -> std::process::Output {
+    let token = dir.join("bot.token");
+    let secret = dir.join("signing.secret");
+    std::fs::write(&token, TOKEN).unwrap();
+    std::fs::write(&secret, SECRET).unwrap();
+    server.byom(&[
+        "connectors",
+        "add",
+        "slack",
+        "acme",
+        "--bot-token-file",
+        token.to_str().unwrap(),
+        "--signing-secret-file",
+        secret.to_str().unwrap(),
+        "--api-url",
+        url,
+    ])
+}
+
 fn posts(api: &FakeApi) -> Vec<Seen> {
     api.requests()
         .into_iter()
@@ -127,25 +148,8 @@ fn slack_events_in_replies_out() {
     let api = slack_api();
     let (dir, server, _lap) = Server::with_lap(&[], &[]);
     server.trust(&["add", "slack:*"]);
-    let token = dir.path().join("bot.token");
-    let secret = dir.path().join("signing.secret");
-    std::fs::write(&token, TOKEN).unwrap();
-    std::fs::write(&secret, SECRET).unwrap();
     let api_url = format!("{}/api", api.url());
-    let add = |url: &str| {
-        server.byom(&[
-            "connectors",
-            "add",
-            "slack",
-            "acme",
-            "--bot-token-file",
-            token.to_str().unwrap(),
-            "--signing-secret-file",
-            secret.to_str().unwrap(),
-            "--api-url",
-            url,
-        ])
-    };
+    let add = |url: &str| add_connector(&server, dir.path(), url);
     let out = add(&api_url);
     assert!(out.status.success(), "{}", stderr(&out));
     // The same add again (a retry) is the first; a different one is refused.
@@ -352,22 +356,7 @@ fn members_are_trusted_and_guests_are_not() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     server.trust(&["set", "--slack-members", "true"]);
-    let token = dir.path().join("bot.token");
-    let secret = dir.path().join("signing.secret");
-    std::fs::write(&token, TOKEN).unwrap();
-    std::fs::write(&secret, SECRET).unwrap();
-    let out = server.byom(&[
-        "connectors",
-        "add",
-        "slack",
-        "acme",
-        "--bot-token-file",
-        token.to_str().unwrap(),
-        "--signing-secret-file",
-        secret.to_str().unwrap(),
-        "--api-url",
-        &format!("{}/api", api.url()),
-    ]);
+    let out = add_connector(&server, dir.path(), &format!("{}/api", api.url()));
     assert!(out.status.success(), "{}", stderr(&out));
     let cases = [
         ("U0ADA", json!({}), "member", true),
