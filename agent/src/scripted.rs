@@ -409,7 +409,7 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
             ));
             continue;
         }
-        if !backticked(text).is_empty() || fenced_js(text).is_some() || has_word(text, WORK) {
+        if !backticked(text).is_empty() || fenced_js(text).is_some() {
             let mut args = json!({"task": text, "threads": [thread]});
             if let Some(m) = machine_of(text) {
                 args["machine"] = json!(m);
@@ -424,6 +424,21 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
             ));
             continue;
         }
+        // Spoken to, but nothing it can act on: it says what it is rather
+        // than leave the person guessing. Unaddressed chatter stays quiet.
+        if e.flags.iter().any(|f| f == "mention") {
+            let what = if has_word(text, WORK) {
+                "I can't work out a request in your own words"
+            } else {
+                "I don't follow"
+            };
+            calls.push((
+                "reply".into(),
+                json!({"thread": thread, "status": "not understood",
+                       "text": format!("{what}: I'm byom's {ABOUT_SHORT}. {HOW_TO}")}),
+            ));
+            continue;
+        }
         calls.push((
             "ignore".into(),
             json!({"trigger": trigger, "reason": "not a request"}),
@@ -431,6 +446,11 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
     }
     calls
 }
+
+/// What the stand-in is, for the server's start line and `byom router`.
+pub const ABOUT: &str = "the offline, rule-based stand-in, not a language model: it runs `commands` in backticks on the machine named by \"on NAME\", ```js programs, yes/no answers and cancels, and says so when it cannot do more. For a language model: byom server --model openai:NAME or anthropic:NAME";
+const ABOUT_SHORT: &str = "scripted stand-in model (offline and rule-based, not a language model)";
+const HOW_TO: &str = "I can run a command you put in backticks (\"run `df -h` on lap\"), a ```js program, or take yes/no to a question. For requests in your own words, the server needs a language model: `byom server --model openai:NAME` (or `anthropic:NAME`).";
 
 fn current_policies(req: &Request) -> Vec<String> {
     let mut policies = Vec::new();
@@ -544,9 +564,36 @@ fn worker_rules(req: &Request) -> Vec<(String, Value)> {
             lines.push(if state == "exited" && exit == "0" {
                 format!("`{cmd}` on {}: {out}", attr(&e, "machine"))
             } else {
+                // A failure says why: the server's or machine's reason,
+                // then what the command wrote to stderr, then stdout.
+                let err = e
+                    .body
+                    .split_once("\nstderr: ")
+                    .map(|(_, rest)| rest.split("\nreason: ").next().unwrap_or(""))
+                    .unwrap_or("")
+                    .trim();
+                let reason = e
+                    .body
+                    .split_once("\nreason: ")
+                    .map(|(_, r)| r.trim())
+                    .unwrap_or("");
+                let why: Vec<&str> = [reason, err, out]
+                    .into_iter()
+                    .filter(|x| !x.is_empty())
+                    .collect();
+                let how = if exit == "-" {
+                    state.to_string()
+                } else {
+                    format!("{state} (exit {exit})")
+                };
                 format!(
-                    "`{cmd}` on {} {state} (exit {exit}): {out}",
-                    attr(&e, "machine")
+                    "`{cmd}` on {} {how}: {}",
+                    attr(&e, "machine"),
+                    if why.is_empty() {
+                        "no output and no reason given".to_string()
+                    } else {
+                        why.join("; ")
+                    }
                 )
             });
         }

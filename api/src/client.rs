@@ -20,10 +20,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("no admin credentials in {} (missing {missing}): run `byom server` on this machine first, or pass --creds DIR (or BYOM_CREDS) pointing to a copy of <data-dir>/admin", dir.display())]
+    #[error("no admin credentials in {} (missing {missing}; {why})", dir.display())]
     NoCredentials {
         dir: PathBuf,
         missing: &'static str,
+        /// Why the CLI looked there, and how to point it elsewhere.
+        why: String,
         #[source]
         source: std::io::Error,
     },
@@ -33,12 +35,21 @@ pub enum ClientError {
     BadCredentials { dir: PathBuf, reason: String },
     #[error("bad API address {0:?}: use HOST:PORT")]
     BadAddress(String),
-    #[error("cannot reach the byom server API at {addr}: is `byom server` running?")]
+    #[error("cannot reach the byom server API at {addr}: is `byom server` running? (the address comes from --api, BYOM_API or {}/api.json)", dir.display())]
     Unreachable {
         addr: String,
+        dir: PathBuf,
         #[source]
         source: tonic::transport::Error,
     },
+    #[error("the server at {addr} is not the one the credentials in {} are for: its certificate is not signed by their ca.pem (credentials of another byom server, or one whose data dir was recreated); use that server's <data-dir>/admin, or point --api at the right server ({reason})", dir.display())]
+    WrongServer {
+        addr: String,
+        dir: PathBuf,
+        reason: String,
+    },
+    #[error("no answer from the byom server API at {addr} within {}s: is it running, and is the address right? (from --api, BYOM_API or {}/api.json)", CONNECT_TIMEOUT.as_secs(), dir.display())]
+    Timeout { addr: String, dir: PathBuf },
 }
 
 /// Default data dir: `$BYOM_DATA_DIR`, else `$XDG_DATA_HOME/byom`, else
@@ -65,17 +76,35 @@ pub struct Creds {
     pub api_addr: String,
 }
 
-fn read(dir: &Path, name: &'static str) -> Result<String, ClientError> {
+fn read(dir: &Path, name: &'static str, given: bool) -> Result<String, ClientError> {
     std::fs::read_to_string(dir.join(name)).map_err(|source| ClientError::NoCredentials {
         dir: dir.to_path_buf(),
         missing: name,
+        why: where_from(given),
         source,
     })
+}
+
+/// Why credentials were looked for where they were, and the ways to say
+/// otherwise.
+fn where_from(given: bool) -> String {
+    if given {
+        return "the directory --creds or BYOM_CREDS names; it should hold a copy of a server's <data-dir>/admin, or a bundle from `byom admins add`".into();
+    }
+    let how = "if `byom server` runs here with --data-dir DIR, set BYOM_DATA_DIR=DIR (or BYOM_CREDS=DIR/admin); if it runs elsewhere, copy its <data-dir>/admin here and pass --creds or BYOM_CREDS; if none runs yet, start one with `byom server`";
+    match std::env::var_os("BYOM_DATA_DIR") {
+        Some(d) => format!(
+            "looked there because BYOM_DATA_DIR is {}; {how}",
+            Path::new(&d).display()
+        ),
+        None => format!("looked in the default data dir, as neither --creds, BYOM_CREDS nor BYOM_DATA_DIR is set; {how}"),
+    }
 }
 
 /// Credentials from `creds` (else `<default data dir>/admin`); the API
 /// address from `api`, else from the credentials' `api.json`.
 pub fn load_creds(creds: Option<&Path>, api: Option<&str>) -> Result<Creds, ClientError> {
+    let given = creds.is_some();
     let dir = match creds {
         Some(d) => d.to_path_buf(),
         None => default_data_dir().join("admin"),
@@ -83,7 +112,7 @@ pub fn load_creds(creds: Option<&Path>, api: Option<&str>) -> Result<Creds, Clie
     let api_addr = match api {
         Some(a) => a.to_string(),
         None => {
-            let j = read(&dir, "api.json")?;
+            let j = read(&dir, "api.json", given)?;
             let path = dir.join("api.json");
             let v: serde_json::Value =
                 serde_json::from_str(&j).map_err(|e| ClientError::BadApiFile {
@@ -100,9 +129,9 @@ pub fn load_creds(creds: Option<&Path>, api: Option<&str>) -> Result<Creds, Clie
         }
     };
     Ok(Creds {
-        ca_pem: read(&dir, "ca.pem")?,
-        cert_pem: read(&dir, "admin.pem")?,
-        key_pem: read(&dir, "admin.key")?,
+        ca_pem: read(&dir, "ca.pem", given)?,
+        cert_pem: read(&dir, "admin.pem", given)?,
+        key_pem: read(&dir, "admin.key", given)?,
         api_addr,
         dir,
     })
@@ -153,10 +182,43 @@ pub async fn connect(creds: &Creds) -> Result<Client, ClientError> {
             }
         }))
         .await
-        .map_err(|source| ClientError::Unreachable {
-            addr: creds.api_addr.clone(),
-            source,
-        })?;
+        .map_err(|source| classify(creds, source))?;
     Ok(AdminClient::new(channel)
         .max_decoding_message_size(byom_protocol::limits::MAX_FRAME_BYTES * 4))
+}
+
+/// What a failed connection means to the person running the CLI.
+fn classify(creds: &Creds, source: tonic::transport::Error) -> ClientError {
+    let (addr, dir) = (creds.api_addr.clone(), creds.dir.clone());
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&source);
+    while let Some(e) = cur {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            if matches!(tls, rustls::Error::InvalidCertificate(_)) {
+                return ClientError::WrongServer {
+                    addr,
+                    dir,
+                    reason: tls.to_string(),
+                };
+            }
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return ClientError::Timeout { addr, dir };
+            }
+            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                if matches!(tls, rustls::Error::InvalidCertificate(_)) {
+                    return ClientError::WrongServer {
+                        addr,
+                        dir,
+                        reason: tls.to_string(),
+                    };
+                }
+            }
+        }
+        cur = e.source();
+    }
+    if source.to_string().contains("timed out") {
+        return ClientError::Timeout { addr, dir };
+    }
+    ClientError::Unreachable { addr, dir, source }
 }

@@ -368,6 +368,7 @@ async fn hello(
         policy_summary,
         paused: runner.is_paused(),
         read_only: runner.read_only(),
+        env_scrub: runner.env_scrub(),
     };
     write_frame(
         &mut ctl_send,

@@ -190,11 +190,18 @@ impl Runner {
             .is_some_and(|d| crate::paused_flag(d).exists())
     }
 
-    /// (digest, summary) of the policy in force, for Hello.
     /// Programs the policy declares read-only (told to the server).
     pub fn read_only(&self) -> Vec<String> {
         match self.policy.lock().ok().and_then(|p| p.clone()) {
             Some(p) => p.read_only(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Environment variable patterns the policy scrubs (told to the server).
+    pub fn env_scrub(&self) -> Vec<String> {
+        match self.policy.lock().ok().and_then(|p| p.clone()) {
+            Some(p) => p.env_scrub(),
             None => Vec::new(),
         }
     }

@@ -188,6 +188,8 @@ fn identity(
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     private_data_dir(&opts.data_dir)?;
+    // Held for the process's life: the OS drops it when we exit, however.
+    let _lock = lock_data_dir(&opts.data_dir)?;
     // Configuration errors first, before anything is opened or bound.
     let agent_cfg = agent_config(&opts)?;
     let rules = crate::triggers::load_rules(&opts.data_dir)?;
@@ -270,6 +272,12 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         0o644,
     )?;
     tracing::info!(quic = %quic_addr, tcp = %tcp_addr, api = %api_addr, data_dir = %opts.data_dir.display(), "byom server listening");
+    let models =
+        serde_json::json!({"router": opts.models.router(), "worker": opts.models.worker()});
+    if let Err(e) = store.put_channel_state("", MODELS_KEY, models.to_string().as_bytes()) {
+        tracing::warn!("cannot record the models in use: {e}");
+    }
+    next_steps(&opts, &info);
 
     let gw = Gateway {
         store: store.clone(),
@@ -409,12 +417,101 @@ fn private_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Takes `<data-dir>/server.lock` (an advisory lock, with our PID in the
+/// file), so a second server on the same data dir says who holds it
+/// instead of failing somewhere deep in the store.
+#[cfg(unix)]
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let path = dir.join("server.lock");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let mut pid = String::new();
+            let _ = f.read_to_string(&mut pid);
+            let pid = pid.trim();
+            anyhow::bail!(
+                "the data dir {} is in use by another byom server{}: stop it first{}, or give this one another --data-dir",
+                dir.display(),
+                if pid.is_empty() { String::new() } else { format!(" (pid {pid})") },
+                if pid.is_empty() { String::new() } else { format!(" (kill {pid})") },
+            );
+        }
+        return Err(err).with_context(|| format!("cannot lock {}", path.display()));
+    }
+    f.set_len(0)?;
+    f.rewind()?;
+    writeln!(f, "{}", std::process::id())?;
+    f.flush()?;
+    Ok(f)
+}
+
+#[cfg(not(unix))]
+fn lock_data_dir(_dir: &std::path::Path) -> anyhow::Result<()> {
+    Ok(())
+}
+
+/// Server-wide setting naming the models in use, for `byom router` and
+/// `byom workers show`.
+pub const MODELS_KEY: &str = "models";
+
+/// What a person starting the server does next: where the credentials
+/// are, the line that points the CLI at them, the token command, and the
+/// addresses and model in use. On stderr, with the logs: stdout may be
+/// closed under a service manager.
+fn next_steps(opts: &ServerOptions, info: &ServerInfo) {
+    use std::io::Write;
+    let creds = opts.data_dir.join("admin");
+    let default = byom_api::default_data_dir() == opts.data_dir;
+    let point = if default {
+        format!(
+            "  (the CLI finds them by default; elsewhere: export BYOM_CREDS={})",
+            creds.display()
+        )
+    } else {
+        format!("  export BYOM_CREDS={}", creds.display())
+    };
+    let (router, worker) = (opts.models.router(), opts.models.worker());
+    let model = if router == worker {
+        format!("  model:    {}", crate::model::describe(&router))
+    } else {
+        format!(
+            "  router:   {}\n  workers:  {}",
+            crate::model::describe(&router),
+            crate::model::describe(&worker)
+        )
+    };
+    let text = format!(
+        "\nbyom server {} is up (pid {}, data dir {})\n  daemons:  {} (QUIC/UDP; TCP fallback {})\n  admin API: {}   webhooks: {}\n{model}\n\nAdmin credentials are in {}. In another shell:\n{point}\n  byom token create --name lap        # then on the laptop: byomd pair <token>\n  byom machines ls\n\n",
+        info.version,
+        info.pid,
+        opts.data_dir.display(),
+        info.public_addr,
+        info.tcp_addr,
+        info.api_addr,
+        info.webhook_addr,
+        creds.display(),
+    );
+    let _ = std::io::stderr().write_all(text.as_bytes());
+}
+
 /// Models, budgets (`<data-dir>/agents.toml`, `[budgets]`, validated) and
 /// the interpreter's snapshot key (`<data-dir>/js-snapshot.key`).
 fn agent_config(opts: &ServerOptions) -> anyhow::Result<AgentConfig> {
     let m = &opts.models;
-    let router = m.router_model.clone().unwrap_or_else(|| m.model.clone());
-    let worker = m.worker_model.clone().unwrap_or_else(|| m.model.clone());
+    let (router, worker) = (m.router(), m.worker());
     let path = opts.data_dir.join("agents.toml");
     let budgets = match std::fs::read_to_string(&path) {
         Ok(t) => Budgets::from_toml(&t)

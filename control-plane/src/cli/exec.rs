@@ -9,7 +9,10 @@ use byom_api::{Client, Seen, WatchOptions};
 use byom_protocol::pb::{self, CommandState};
 use clap::Args;
 
-use super::output::{ago, command_json, print_json, reason};
+use serde_json::json;
+
+use super::exec_notes::{exit_status, warn_before};
+use super::output::{command_json, print_json, reason};
 use super::parse_kv;
 
 /// Reconnect attempts of `byom exec` while the server restarts.
@@ -17,12 +20,17 @@ const EXEC_RECONNECTS: u32 = 120;
 
 #[derive(Args, Debug)]
 pub struct ExecArgs {
-    /// Machine ID or name (or use --label to pick one).
-    #[arg(required_unless_present = "labels")]
+    /// Machine ID or name (or use --label to pick one). Everything after
+    /// it is the command, as with ssh: `byom exec lap uname -a`.
     pub machine: Option<String>,
     /// Run on the least busy online machine with this label (k=v, repeatable).
-    #[arg(long = "label", value_parser = parse_kv, conflicts_with = "machine")]
+    #[arg(long = "label", value_parser = parse_kv)]
     pub labels: Vec<(String, String)>,
+    /// With --label: run on every online machine with those labels at once,
+    /// each line prefixed with the machine's name; the exit code is the
+    /// worst of theirs.
+    #[arg(long, requires = "labels")]
+    pub all: bool,
     /// Kill the command after this long (e.g. 30s, 5m; at most 7d).
     #[arg(long, value_parser = super::parse_timeout)]
     pub timeout: Option<Duration>,
@@ -32,9 +40,13 @@ pub struct ExecArgs {
     /// Environment variable (K=V, repeatable).
     #[arg(long = "env", value_parser = parse_kv)]
     pub env: Vec<(String, String)>,
-    /// Send this process's stdin to the command.
-    #[arg(short = 'i', long)]
+    /// Send this process's stdin to the command even from a terminal
+    /// (without it, stdin is sent when it is a pipe or a file).
+    #[arg(short = 'i', long, conflicts_with = "no_stdin")]
     pub stdin: bool,
+    /// Do not send stdin (as ssh -n): for loops that read their own stdin.
+    #[arg(short = 'n', long = "no-stdin")]
+    pub no_stdin: bool,
     /// Run a shell command line via `sh -c` instead of argv.
     #[arg(long = "sh", value_name = "COMMAND_LINE")]
     pub shell: Option<String>,
@@ -44,34 +56,27 @@ pub struct ExecArgs {
     /// How long the command may wait for an offline machine (at most 7d).
     #[arg(long, value_parser = super::parse_queue_ttl)]
     pub queue_ttl: Option<Duration>,
-    /// Print the final command record as JSON instead of streaming.
+    /// Print one JSON object when the command ends (its record with its
+    /// stdout and stderr) instead of streaming.
     #[arg(long)]
     pub json: bool,
+    /// With --json: print events as they happen, one JSON object per line
+    /// (output chunks, state changes, then the final record).
+    #[arg(long, requires = "json")]
+    pub follow: bool,
     /// Create the command at most once for this key: running `byom exec`
     /// again with the same key (say, after a lost answer) returns the first
     /// command instead of a second. Default: a fresh key per invocation,
     /// reused by this invocation's own retries.
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
-    /// The command and its arguments.
-    #[arg(last = true)]
+    /// The command and its arguments (`--` before them is optional).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
     pub argv: Vec<String>,
-}
-
-/// Exit status `byom exec` returns for a finished command (like ssh and
-/// timeout(1): the remote code, 128+signal, 124 for a timeout).
-pub fn exit_status(c: &pb::Command) -> i32 {
-    match c.state() {
-        CommandState::Exited => match (c.exit_code, c.signal) {
-            (Some(code), _) => code,
-            (None, Some(sig)) => 128 + sig,
-            _ => 0,
-        },
-        CommandState::TimedOut => 124,
-        CommandState::Denied => 126,
-        CommandState::Cancelled => 130,
-        _ => 255,
-    }
 }
 
 /// Reads stdin for the command (bounded by what the protocol carries).
@@ -87,26 +92,53 @@ fn read_stdin() -> anyhow::Result<Vec<u8>> {
     Ok(stdin)
 }
 
-pub async fn run(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
+/// Checks the command line and reads stdin; the request to send (without
+/// a machine when `--all` fans it out).
+fn request(a: &mut ExecArgs) -> anyhow::Result<pb::CreateCommandRequest> {
+    // Chosen by label: a first word given is the command's, not a machine.
+    if !a.labels.is_empty() {
+        if let Some(m) = a.machine.take() {
+            a.argv.insert(0, m);
+        }
+    } else if a.machine.is_none() {
+        bail!("say where: byom exec MACHINE COMMAND [ARGS…], or --label k=v to pick by label");
+    }
     if a.shell.is_none() && a.argv.is_empty() {
-        bail!("nothing to run: give a command after `--` (byom exec M -- CMD ARGS) or --sh 'COMMAND LINE'");
+        bail!("nothing to run: give the command after the machine (byom exec lap uname -a) or --sh 'COMMAND LINE'");
     }
     if a.shell.is_some() && !a.argv.is_empty() {
-        bail!("give either --sh 'COMMAND LINE' or a command after `--`, not both");
+        bail!("give either --sh 'COMMAND LINE' or a command after the machine, not both");
     }
-    let stdin = if a.stdin { read_stdin()? } else { Vec::new() };
-    let req = pb::CreateCommandRequest {
+    // As ssh: a pipe or a file is the command's input; a terminal is not,
+    // unless asked (-i); -n never.
+    let send_stdin = !a.no_stdin && (a.stdin || !std::io::stdin().is_terminal());
+    let stdin = if send_stdin {
+        read_stdin()?
+    } else {
+        Vec::new()
+    };
+    Ok(pb::CreateCommandRequest {
         machine: a.machine.clone().unwrap_or_default(),
-        labels: a.labels.into_iter().collect(),
-        argv: a.argv,
-        shell: a.shell.unwrap_or_default(),
-        cwd: a.cwd.unwrap_or_default(),
-        env: a.env.into_iter().collect(),
+        labels: a.labels.iter().cloned().collect(),
+        argv: a.argv.clone(),
+        shell: a.shell.clone().unwrap_or_default(),
+        cwd: a.cwd.clone().unwrap_or_default(),
+        env: a.env.iter().cloned().collect(),
         stdin,
         timeout_ms: a.timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
         queue_ttl_ms: a.queue_ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
-        idempotency_key: a.idempotency_key.unwrap_or_else(byom_api::new_key),
-    };
+        idempotency_key: a.idempotency_key.clone().unwrap_or_else(byom_api::new_key),
+    })
+}
+
+pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
+    let req = request(&mut a)?;
+    if a.all {
+        if a.detach || a.json {
+            bail!("--all streams every machine's lines; run it without --detach and --json");
+        }
+        return super::exec_all::run(c, &a.labels, &a.env, req).await;
+    }
     // Sent again, with the same key, if the server restarts meanwhile.
     let cmd = byom_api::until_answered(|| {
         let (mut c, req) = (c.clone(), req.clone());
@@ -129,28 +161,11 @@ pub async fn run(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
             print_json(&command_json(&cmd));
         } else {
             println!("{}", cmd.id);
-            if !m.online {
-                eprintln!(
-                    "{} is offline; {} is queued and runs when it connects",
-                    m.name, cmd.id
-                );
-            }
         }
+        warn_before(&m, &cmd, &a.env);
         return Ok(0);
     }
-    if !m.online {
-        let why = if m.offline_reason.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", m.offline_reason)
-        };
-        eprintln!(
-            "byom: {} is offline (last seen {}{why}). {} is queued and will run when it connects; waiting (Ctrl-C cancels it, --detach returns at once)",
-            m.name,
-            ago(m.last_seen_ms),
-            cmd.id
-        );
-    }
+    warn_before(&m, &cmd, &a.env);
     let interactive = std::io::stderr().is_terminal();
     let mut told_approval = false;
     let mut stdout = std::io::stdout();
@@ -161,10 +176,26 @@ pub async fn run(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
         idle: None,
         reconnects: EXEC_RECONNECTS,
     };
+    // --json keeps stdout for JSON: the output is collected (or, with
+    // --follow, printed as events).
+    let mut captured: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+    let (json, follow) = (a.json, a.follow);
     let end = {
         let watch = byom_api::watch_to_end(c, &cmd.id, opts, |seen| match seen {
             Seen::Output(o) => {
-                let r = if o.stream == pb::OutputStream::Stderr as i32 {
+                let err = o.stream == pb::OutputStream::Stderr as i32;
+                let r = if follow {
+                    event_line(
+                        &json!({"event": "output", "stream": if err {"stderr"} else {"stdout"},
+                                       "data": String::from_utf8_lossy(&o.data)}),
+                    )
+                } else if json {
+                    let buf = &mut captured[usize::from(err)];
+                    let room = (byom_protocol::limits::MAX_COMMAND_OUTPUT_BYTES as usize)
+                        .saturating_sub(buf.len());
+                    buf.extend_from_slice(&o.data[..o.data.len().min(room)]);
+                    Ok(())
+                } else if err {
                     stderr.write_all(&o.data).and_then(|_| stderr.flush())
                 } else {
                     stdout.write_all(&o.data).and_then(|_| stdout.flush())
@@ -173,16 +204,22 @@ pub async fn run(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
                     write_err.get_or_insert(e);
                 }
             }
-            Seen::State(s)
-                if s.state() == CommandState::AwaitingLocalApproval && !told_approval =>
-            {
-                told_approval = true;
-                eprintln!(
-                "byom: {} waits for the owner of {} to approve it on the machine (`byomd approve {}`)",
-                s.id, m.name, s.id
-            );
+            Seen::State(s) => {
+                if follow {
+                    if let Err(e) =
+                        event_line(&json!({"event": "state", "state": s.state().name()}))
+                    {
+                        write_err.get_or_insert(e);
+                    }
+                }
+                if s.state() == CommandState::AwaitingLocalApproval && !told_approval {
+                    told_approval = true;
+                    eprintln!(
+                        "byom: {} waits for the owner of {} to approve it on the machine (`byomd approve {}`)",
+                        s.id, m.name, s.id
+                    );
+                }
             }
-            Seen::State(_) => {}
         });
         tokio::pin!(watch);
         let mut cancels = 0u32;
@@ -219,7 +256,14 @@ pub async fn run(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
         );
     };
     if a.json {
-        print_json(&command_json(&s));
+        let mut v = command_json(&s);
+        if follow {
+            event_line(&json!({"event": "end", "command": v}))?;
+        } else {
+            v["stdout"] = json!(String::from_utf8_lossy(&captured[0]));
+            v["stderr"] = json!(String::from_utf8_lossy(&captured[1]));
+            print_json(&v);
+        }
     }
     if s.truncated {
         eprintln!(
@@ -233,4 +277,11 @@ pub async fn run(c: &mut Client, a: ExecArgs) -> anyhow::Result<i32> {
         other => eprintln!("byom: {} {}{}", s.id, other.name(), reason(&s)),
     }
     Ok(exit_status(&s))
+}
+
+/// One NDJSON line on stdout, flushed (a reader acts on each event).
+fn event_line(v: &serde_json::Value) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{v}")?;
+    out.flush()
 }

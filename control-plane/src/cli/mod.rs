@@ -13,6 +13,8 @@ mod connectors;
 mod demo;
 mod events;
 mod exec;
+mod exec_all;
+mod exec_notes;
 mod machines;
 mod output;
 mod policy;
@@ -47,7 +49,8 @@ pub struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct Global {
     /// Admin credentials directory (ca.pem, admin.pem, admin.key, api.json).
-    /// Default: <data-dir>/admin of a server on this machine.
+    /// Default: $BYOM_DATA_DIR/admin (set BYOM_DATA_DIR to the --data-dir
+    /// of a server on this machine), else ~/.local/share/byom/admin.
     #[arg(long, env = "BYOM_CREDS", global = true)]
     pub creds: Option<PathBuf>,
     /// Admin API address (HOST:PORT). Default: from the credentials dir.
@@ -173,7 +176,7 @@ fn watch_err(e: byom_api::WatchError) -> anyhow::Error {
 /// One line for an error chain, with gRPC statuses shown by their message.
 pub fn describe(e: &anyhow::Error) -> String {
     if let Some(s) = e.downcast_ref::<tonic::Status>() {
-        return s.message().to_string();
+        return status_text(s);
     }
     let mut out = e.to_string();
     for cause in e.chain().skip(1) {
@@ -187,6 +190,44 @@ pub fn describe(e: &anyhow::Error) -> String {
         }
     }
     out
+}
+
+/// A status as people should read it. A connection the server dropped
+/// mid-call carries only "transport error": its causes say why, and the
+/// usual one (the server refused the admin certificate) is named.
+fn status_text(s: &tonic::Status) -> String {
+    let mut causes = Vec::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(c) = cur {
+        causes.push(c.to_string());
+        cur = c.source();
+    }
+    let all = causes.join(": ");
+    if s.code() != tonic::Code::Unknown && s.code() != tonic::Code::Unavailable {
+        return s.message().to_string();
+    }
+    let refused = [
+        "alert",
+        "certificate",
+        "Certificate",
+        "reset by peer",
+        "broken pipe",
+    ]
+    .iter()
+    .any(|w| all.contains(w));
+    if s.message().contains("transport error")
+        && (refused || causes.is_empty() || all.contains("canceled"))
+    {
+        return format!(
+            "the server closed the connection{}: it most likely refused this admin certificate (issued by another byom server's CA, or expired); use the credentials in that server's <data-dir>/admin, or a bundle from `byom admins add` (--creds / BYOM_CREDS)",
+            if all.is_empty() { String::new() } else { format!(" ({all})") }
+        );
+    }
+    if all.is_empty() {
+        s.message().to_string()
+    } else {
+        format!("{}: {all}", s.message())
+    }
 }
 
 pub fn init_logging(filter: &str) {

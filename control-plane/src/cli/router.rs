@@ -14,6 +14,9 @@ pub async fn run(c: &mut Client, json: bool) -> anyhow::Result<i32> {
     }
     let st = &v["stats"];
     println!("router");
+    if let Some(m) = v["model"].as_str().filter(|m| !m.is_empty()) {
+        println!("  model:          {m}");
+    }
     println!("  turns:          {}", st["turns"]);
     println!("  model calls:    {}", st["model_calls"]);
     println!("  decisions:      {}", st["decisions"]);

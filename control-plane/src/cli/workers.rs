@@ -66,6 +66,9 @@ fn print_worker(v: &Value) {
         )
     );
     println!("  machine:  {}", one_line(&or_dash(s(sm, "machine")), 80));
+    if !s(v, "model").is_empty() {
+        println!("  model:    {}", one_line(s(v, "model"), 300));
+    }
     println!("  created:  {}", ago_at(&sm["created_at"]));
     let u = &sm["usage"];
     println!(

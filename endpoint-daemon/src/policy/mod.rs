@@ -642,6 +642,12 @@ impl Policy {
         self.file.agents.read_only.clone()
     }
 
+    /// The `[env] scrub` patterns (told to the server for the CLI's
+    /// warnings).
+    pub fn env_scrub(&self) -> Vec<String> {
+        self.file.env.scrub.clone()
+    }
+
     /// Every program the command runs is declared read-only, with its
     /// declared first words, and nothing about it is unknowable.
     fn only_read_only(&self, a: &Analysis) -> bool {

@@ -190,7 +190,7 @@ impl Api {
             "thread" => self.thread(id)?,
             "router" => {
                 let r = self.router_record()?;
-                json!({"stats": r.stats, "queued": r.queue.len(), "in_flight": r.in_flight.is_some(),
+                json!({"model": self.model_of("router"), "stats": r.stats, "queued": r.queue.len(), "in_flight": r.in_flight.is_some(),
                        "conversation_messages": r.conversation.len(), "dropped_turns": r.dropped_turns,
                        "subscriptions": r.subs})
             }
@@ -217,6 +217,18 @@ impl Api {
         Ok(pb::AgentResponse {
             json: v.to_string(),
         })
+    }
+
+    /// The model a role uses, described for people (the scripted
+    /// stand-in says what it is); as the running server recorded it.
+    fn model_of(&self, role: &str) -> String {
+        self.store
+            .channel_state("", crate::startup::MODELS_KEY)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v[role].as_str().map(crate::model::describe))
+            .unwrap_or_default()
     }
 
     /// A worker with its transcript and subagents.
@@ -252,6 +264,7 @@ impl Api {
                 .collect(),
         );
         v["summary"] = summary(w);
+        v["model"] = json!(self.model_of("worker"));
         v["children"] = Value::Array(children);
         Ok(v)
     }

@@ -21,11 +21,11 @@ const LAST_SEEN_WRITE_EVERY: Duration = Duration::from_secs(30);
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
-/// What a daemon says about itself, without control characters and cut to
-/// `max` characters: it is shown to people.
-/// Most read-only programs a daemon may declare.
+/// Most read-only programs (and scrub patterns) a daemon may declare.
 const MAX_READ_ONLY: usize = 64;
 
+/// What a daemon says about itself, without control characters and cut to
+/// `max` characters: it is shown to people.
 fn printable(s: &str, max: usize) -> String {
     s.chars().filter(|c| !c.is_control()).take(max).collect()
 }
@@ -117,6 +117,13 @@ pub(super) async fn serve(
         m.paused = hello.paused;
         m.read_only = hello
             .read_only
+            .iter()
+            .take(MAX_READ_ONLY)
+            .map(|p| printable(p, 64))
+            .filter(|p| !p.is_empty())
+            .collect();
+        m.env_scrub = hello
+            .env_scrub
             .iter()
             .take(MAX_READ_ONLY)
             .map(|p| printable(p, 64))

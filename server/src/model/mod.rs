@@ -108,6 +108,31 @@ pub struct ModelOptions {
     pub scripted_latency: String,
 }
 
+impl ModelOptions {
+    /// The Router's model spec.
+    pub fn router(&self) -> String {
+        self.router_model
+            .clone()
+            .unwrap_or_else(|| self.model.clone())
+    }
+    /// The Workers' model spec.
+    pub fn worker(&self) -> String {
+        self.worker_model
+            .clone()
+            .unwrap_or_else(|| self.model.clone())
+    }
+}
+
+/// A model spec for people: the scripted stand-in says what it is and
+/// what it understands, so nobody mistakes it for a language model.
+pub fn describe(spec: &str) -> String {
+    if spec == "scripted" {
+        format!("scripted: {}", byom_agent::scripted::ABOUT)
+    } else {
+        spec.to_string()
+    }
+}
+
 /// A model from its name: `scripted`, `openai:NAME`, `anthropic:NAME`.
 pub fn from_spec(spec: &str, a: &ModelOptions) -> anyhow::Result<std::sync::Arc<dyn Model>> {
     let (kind, name) = spec.split_once(':').unwrap_or((spec, ""));
