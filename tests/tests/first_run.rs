@@ -282,6 +282,26 @@ fn exec_works_as_ssh_does() {
     let o = server.byom(&["exec", "lap", "--detach", "--", "true"]);
     assert!(stderr(&o).contains("paused by its owner"), "{}", stderr(&o));
     assert!(lap.byomd(&["resume"]).status.success());
+    // byom chat returns when the task has reported, not at --wait's end.
+    let t0 = std::time::Instant::now();
+    let o = server.byom(&[
+        "chat",
+        "--thread",
+        "c1",
+        "--wait",
+        "40s",
+        "run `echo quick` on lap2",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("On it") && out.contains("Done:") && out.contains("quick"),
+        "{out}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "waited {:?}",
+        t0.elapsed()
+    );
     lap.stop();
     lap2.stop();
 }
@@ -392,6 +412,17 @@ fn the_scripted_model_says_what_it_is() {
         assert!(o.status.success(), "{}", stderr(&o));
         assert!(stdout(&o).contains("--model"), "{text}: {}", stdout(&o));
     }
+    // --wait is an upper bound: it returns once the answer is in.
+    let t0 = std::time::Instant::now();
+    let o = server.byom(&[
+        "chat", "--thread", "h3", "--user", "ada", "--wait", "40s", "hello?",
+    ]);
+    assert!(stdout(&o).contains("--model"), "{}", stdout(&o));
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "waited {:?}",
+        t0.elapsed()
+    );
     let r = stdout(&server.byom(&["router"]));
     assert!(r.contains("model:") && r.contains("scripted"), "{r}");
 }

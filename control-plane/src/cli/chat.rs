@@ -20,7 +20,12 @@ pub struct ChatArgs {
     /// Send these messages instead of reading lines from stdin.
     #[arg(short, long = "message")]
     pub messages: Vec<String>,
-    /// After the last message, wait this long for replies.
+    /// Messages to send, as with -m.
+    #[arg(value_name = "MESSAGE")]
+    pub positional: Vec<String>,
+    /// After the last message, wait up to this long for the agent's answer:
+    /// it returns as soon as the work the messages started has reported
+    /// (or asked a question), or --replies replies were seen.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
     /// Stop once this many replies arrived (0: no limit).
@@ -33,13 +38,15 @@ const CHAT_EARLY_REPLIES: usize = 256;
 
 /// `byom chat`: you type as a user on a thread; the agent's replies on that
 /// thread appear as they are posted.
-pub async fn run(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
+pub async fn run(c: &mut Client, mut a: ChatArgs) -> anyhow::Result<i32> {
+    a.messages.append(&mut a.positional);
     let mut tail = c
         .tail_triggers(pb::TailTriggersRequest {})
         .await?
         .into_inner();
     let (thread_tx, mut thread_rx) = tokio::sync::watch::channel(String::new());
     let max = a.replies;
+    let mut probe = c.clone();
     let printer = tokio::spawn(async move {
         let mut seen = 0usize;
         // The thread's ID comes back with the first send, and a fast reply
@@ -67,7 +74,9 @@ pub async fn run(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
                             early.pop_front();
                         }
                         early.push_back(t);
-                    } else if t.thread_id == thread && print(&t) {
+                    } else if t.thread_id == thread
+                        && (print(&t) || (max == 0 && settled(&mut probe, &thread).await))
+                    {
                         return;
                     }
                 }
@@ -77,10 +86,17 @@ pub async fn run(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
                         return;
                     }
                     thread = thread_rx.borrow_and_update().clone();
+                    let mut printed = false;
                     for t in early.drain(..) {
-                        if t.thread_id == thread && print(&t) {
-                            return;
+                        if t.thread_id == thread {
+                            printed = true;
+                            if print(&t) {
+                                return;
+                            }
                         }
+                    }
+                    if printed && max == 0 && settled(&mut probe, &thread).await {
+                        return;
                     }
                 }
             }
@@ -149,4 +165,16 @@ pub async fn run(c: &mut Client, a: ChatArgs) -> anyhow::Result<i32> {
     }
     let _ = tokio::time::timeout(a.wait, printer).await;
     Ok(0)
+}
+
+/// The thread's work has answered: no worker on it is still running (each
+/// is done, idle, failed, cancelled, or waiting on a person's answer).
+async fn settled(c: &mut Client, thread: &str) -> bool {
+    let Ok(v) = super::agent::agent(c, "thread", thread, serde_json::Value::Null).await else {
+        return false;
+    };
+    v["workers"].as_array().is_some_and(|ws| {
+        ws.iter()
+            .all(|w| !matches!(w["status"].as_str(), Some("running")))
+    })
 }
