@@ -174,6 +174,47 @@ pub struct RunOptions {
 /// connection.
 struct RunLock(#[allow(dead_code)] std::fs::File);
 
+/// Records the name the server now uses for this machine, so `byomd
+/// status` shows what `byom machines ls` does.
+fn follow_rename(dir: &Path, name: &str) {
+    if name.is_empty() {
+        return;
+    }
+    let Ok(mut id) = Identity::load(dir) else {
+        return;
+    };
+    if id.name != name {
+        tracing::info!(old = %id.name, new = %name, "renamed on the server");
+        id.name = name.to_string();
+        if let Err(e) = id.save(dir) {
+            tracing::warn!("cannot record the new name {name}: {e:#}");
+        }
+    }
+}
+
+/// Whether a `byomd run` holds this config dir now (its lock, not a PID
+/// that may have been reused since).
+pub fn running(dir: &Path) -> bool {
+    let Ok(f) = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("run.lock"))
+    else {
+        return false;
+    };
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor we own; closing it releases ours.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        rc != 0
+    }
+    #[cfg(not(unix))]
+    {
+        drop(f);
+        true
+    }
+}
+
 fn lock_config_dir(dir: &Path) -> anyhow::Result<RunLock> {
     let path = dir.join("run.lock");
     let f = std::fs::OpenOptions::new()
@@ -456,6 +497,8 @@ async fn session(
         }
     };
     tracing::info!(machine = %ident.machine_id, %name, %server, transport = transport.name(), "connected");
+    // An admin may have renamed the machine while it was away.
+    follow_rename(dir, &name);
     set_status(
         dir,
         &format!("connected over {}", transport.name()),
@@ -464,7 +507,7 @@ async fn session(
     );
     let connected_at = Instant::now();
 
-    let heartbeat = heartbeat(&mut ctl_send, ctl_recv, runner);
+    let heartbeat = heartbeat(&mut ctl_send, ctl_recv, runner, dir);
     let streams = accept_streams(&conn, runner);
     let renewal = async {
         loop {
@@ -530,13 +573,18 @@ async fn heartbeat(
     send: &mut quinn::SendStream,
     mut recv_owned: quinn::RecvStream,
     runner: &Runner,
+    dir: &Path,
 ) -> String {
     let (tx, mut rx) = mpsc::channel::<()>(8);
+    let dir = dir.to_path_buf();
     // Reads must not be cancelled mid-frame, so they get their own task.
     let mut reader = tokio::spawn(async move {
         loop {
             match read_frame::<ToDaemon>(&mut recv_owned).await {
-                Ok(Some(_)) => {
+                Ok(Some(f)) => {
+                    if let Some(to_daemon::Msg::Pong(p)) = f.msg {
+                        follow_rename(&dir, &p.machine_name);
+                    }
                     if tx.send(()).await.is_err() {
                         return "heartbeat stopped".to_string();
                     }

@@ -380,23 +380,10 @@ fn key_store_name(id: &Identity) -> &'static str {
     }
 }
 
-fn pid_alive(pid: u32) -> bool {
-    #[cfg(unix)]
-    {
-        // SAFETY: signal 0 only checks that the process exists.
-        unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = pid;
-        true
-    }
-}
-
 fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
     let id = Identity::load(dir)?;
     let validity = byom_daemon::tls::cert_validity(&id.cert_pem);
-    let run = byom_daemon::conn::RunStatus::load(dir).filter(|r| pid_alive(r.pid));
+    let run = byom_daemon::conn::RunStatus::load(dir).filter(|_| byom_daemon::conn::running(dir));
     let now = byom_daemon::now_ms();
     let paused = byom_daemon::paused_flag(dir).exists();
     let connection = match (&run, id.revoked) {
@@ -405,7 +392,14 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
             "paused by you (`byomd resume` to continue); {} (pid {})",
             r.state, r.pid
         ),
-        (None, _) => "not running: start `byomd run`".to_string(),
+        (None, _) => format!(
+            "stopped; start it with `byomd run`{} (or `byomd service install` to keep it running)",
+            if dir == byom_daemon::identity::default_config_dir() {
+                String::new()
+            } else {
+                format!(" --config-dir {}", dir.display())
+            }
+        ),
         (Some(r), _) if r.state == "connected" => format!(
             "connected since {}s (pid {})",
             (now.saturating_sub(r.since_ms)) / 1000,

@@ -426,3 +426,21 @@ fn the_scripted_model_says_what_it_is() {
     let r = stdout(&server.byom(&["router"]));
     assert!(r.contains("model:") && r.contains("scripted"), "{r}");
 }
+
+/// `byomd status` shows the name the server uses after a rename, and says
+/// a stopped daemon is stopped (not a stale PID).
+#[test]
+fn byomd_status_follows_renames_and_says_when_stopped() {
+    let (_dir, server, mut lap) = Server::with_lap(&[], &[]);
+    let o = server.byom(&["machines", "rename", "lap", "laptop"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    wait_for("the daemon to learn its new name", T, || {
+        let o = lap.byomd(&["status"]);
+        stdout(&o).contains("machine:      laptop").then_some(())
+    });
+    lap.stop();
+    let o = lap.byomd(&["status"]);
+    let out = stdout(&o);
+    assert!(out.contains("stopped; start it with `byomd run"), "{out}");
+    assert!(!out.contains("pid"), "{out}");
+}

@@ -204,10 +204,18 @@ async fn control_loop(
         };
         match frame.msg {
             Some(to_server::Msg::Ping(p)) => {
+                let name = gw
+                    .store
+                    .get_machine(&live.machine_id)
+                    .ok()
+                    .flatten()
+                    .map(|m| m.name)
+                    .unwrap_or_default();
                 let pong = ToDaemon {
                     msg: Some(to_daemon::Msg::Pong(pb::Pong {
                         seq: p.seq,
                         server_time_ms: byom_wire::now_ms(),
+                        machine_name: name,
                     })),
                 };
                 if let Err(e) = write_frame(send, &pong).await {
@@ -282,6 +290,7 @@ async fn respond(
             msg: Some(to_daemon::Msg::Pong(pb::Pong {
                 seq: p.seq,
                 server_time_ms: byom_wire::now_ms(),
+                machine_name: String::new(),
             })),
         },
         Some(to_server::Msg::Unpair(_)) if !renew_only => {
