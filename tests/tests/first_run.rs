@@ -274,6 +274,12 @@ fn exec_works_as_ssh_does() {
         out.contains("lap  | line") && out.contains("lap2 | line"),
         "{out}"
     );
+    // One screen for the admin side.
+    let st = server.json(&["status"]);
+    assert_eq!(st["machines"]["online"], 2, "{st}");
+    assert!(st["server"]["version"].is_string(), "{st}");
+    let o = server.byom(&["status"]);
+    assert!(stdout(&o).contains("machines   2 online"), "{}", stdout(&o));
     // A paused machine: said, not a silent wait.
     assert!(lap.byomd(&["pause"]).status.success());
     wait_for("paused", T, || {

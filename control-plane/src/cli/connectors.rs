@@ -172,7 +172,7 @@ fn secret(path: &Path, what: &str) -> anyhow::Result<String> {
 /// One channels request.
 /// One channels request, retried across a server restart (adding the same
 /// connector again answers with the first).
-async fn call(c: &mut Client, op: &str, id: &str, body: Value) -> anyhow::Result<Value> {
+pub(super) async fn call(c: &mut Client, op: &str, id: &str, body: Value) -> anyhow::Result<Value> {
     let req = super::agent::request(op, id, &body);
     let r = byom_api::until_answered(|| {
         let (mut c, req) = (c.clone(), req.clone());

@@ -21,6 +21,7 @@ mod policy;
 mod router;
 mod server;
 mod show;
+mod status;
 mod tasks;
 mod threads;
 mod token;
@@ -91,6 +92,12 @@ pub enum Cmd {
     /// Natural-language policies the Router follows for candidate triggers.
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
+    /// The admin side on one screen: server, machines, commands, tasks,
+    /// approvals and failed replies.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
     /// People who may use the API, each with a personal certificate.
     #[command(subcommand)]
     Admins(admins::AdminsCmd),
@@ -293,6 +300,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Audit(x) => audit::run(&mut connect(g).await?, x).await,
         Cmd::Trust(x) => trust::run(&mut connect(g).await?, x).await,
         Cmd::Admins(x) => admins::run(g, x).await,
+        Cmd::Status { json } => status::run(&mut connect(g).await?, json).await,
         Cmd::Events(x) => events::run(&mut connect(g).await?, x).await,
         Cmd::Policy(x) => policy::run(&mut connect(g).await?, x).await,
         Cmd::Connectors(x) => connectors::run(&mut connect(g).await?, x).await,
