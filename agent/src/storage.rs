@@ -25,6 +25,12 @@ pub mod keys {
     pub const INBOX: &str = "i/";
     /// The Router's record (under [`RECORD`]).
     pub const ROUTER: &str = "router";
+    /// What became of a trigger: `f/trg_…` → a line for `byom show`.
+    pub const FATE: &str = "f/";
+
+    pub fn fate(trigger: &str) -> String {
+        format!("{FATE}{trigger}")
+    }
 
     pub fn record(key: &str) -> String {
         format!("{RECORD}{key}")

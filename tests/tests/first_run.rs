@@ -274,6 +274,29 @@ fn exec_works_as_ssh_does() {
         out.contains("lap  | line") && out.contains("lap2 | line"),
         "{out}"
     );
+    // A request becomes a task: `byom show` says which.
+    let sent = server.json(&[
+        "events",
+        "send",
+        "--source",
+        "chat",
+        "--thread",
+        "f1",
+        "--user",
+        "ada",
+        "--mention",
+        "run `echo fate` on lap",
+    ]);
+    let trg = sent["trigger"]["id"]
+        .as_str()
+        .or(sent["id"].as_str())
+        .unwrap()
+        .to_string();
+    let became = wait_for("the trigger's fate", T, || {
+        let b = server.json(&["show", &trg])["became"].as_str()?.to_string();
+        (!b.contains("not decided yet")).then_some(b)
+    });
+    assert!(became.contains("given to a new worker, wrk_"), "{became}");
     // One screen for the admin side.
     let st = server.json(&["status"]);
     assert_eq!(st["machines"]["online"], 2, "{st}");
@@ -429,6 +452,32 @@ fn the_scripted_model_says_what_it_is() {
         "waited {:?}",
         t0.elapsed()
     );
+    // byom show says what became of a trigger.
+    let sent = server.json(&[
+        "events",
+        "send",
+        "--source",
+        "chat",
+        "--thread",
+        "h4",
+        "--user",
+        "ada",
+        "--mention",
+        "hi there",
+    ]);
+    let trg = sent["trigger"]["id"]
+        .as_str()
+        .or(sent["id"].as_str())
+        .unwrap()
+        .to_string();
+    let became = wait_for("the trigger's fate", T, || {
+        let v = server.json(&["show", &trg]);
+        let b = v["became"].as_str()?.to_string();
+        (!b.contains("not decided yet")).then_some(b)
+    });
+    assert!(became.contains("answered by the Router"), "{became}");
+    let o = server.byom(&["show", &trg]);
+    assert!(stdout(&o).contains("became:"), "{}", stdout(&o));
     let r = stdout(&server.byom(&["router"]));
     assert!(r.contains("model:") && r.contains("scripted"), "{r}");
 }

@@ -501,6 +501,13 @@ impl Core {
         };
         match self.answer(world, apr, approved, Value::String(t.text.clone()), &t.user) {
             Ok(()) => {
+                self.fate(
+                    trg,
+                    format!(
+                        "{} {apr} (by {who})",
+                        if approved { "approved" } else { "denied" }
+                    ),
+                );
                 let text = if approved {
                     format!("Approved by {who} ({apr}); continuing.")
                 } else {
@@ -515,6 +522,7 @@ impl Core {
                 ))
             }
             Err(e) if e.contains("may not approve") => {
+                self.fate(trg, format!("refused as an answer to {apr}: {e}"));
                 let text = format!("{who}: {e}");
                 if let Ok(r) = self.reply(world, &t.thread, &text, "approval refused") {
                     self.out.push(Effect::Reply(r));

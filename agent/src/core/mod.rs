@@ -75,6 +75,9 @@ pub struct Core {
     /// Triggers on subscribed threads go straight to their workers (off:
     /// the Router decides every trigger; for comparisons).
     pub pass_through: bool,
+    /// What became of triggers this step, written with it (never read
+    /// back by the core: they are for people).
+    fates: Vec<(String, String)>,
 }
 
 impl Core {
@@ -85,6 +88,14 @@ impl Core {
             out: Vec::new(),
             now: 0,
             pass_through: true,
+            fates: Vec::new(),
+        }
+    }
+
+    /// Records what became of `trigger`; the first word stands.
+    pub(super) fn fate(&mut self, trigger: &str, fate: String) {
+        if !self.fates.iter().any(|(t, _)| t == trigger) {
+            self.fates.push((trigger.to_string(), fate));
         }
     }
 

@@ -56,6 +56,9 @@ impl Core {
                 out.push((keys::record(&key), Some(b)));
             }
         }
+        for (trigger, fate) in self.fates.drain(..) {
+            out.push((keys::fate(&trigger), Some(fate.into_bytes())));
+        }
         out
     }
 

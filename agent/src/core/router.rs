@@ -64,6 +64,13 @@ impl Core {
             self.worker_input(w, line.clone());
             self.take_in(w, &t, "a message passed through on its thread");
         }
+        self.fate(
+            &t.id,
+            format!(
+                "passed through to {} (already working on its thread)",
+                subs.join(", ")
+            ),
+        );
     }
 
     pub(super) fn start_router_turn(&mut self, world: &mut dyn World) {
@@ -275,6 +282,9 @@ impl Core {
                 let subscribe = a.get("subscribe").and_then(Value::as_bool).unwrap_or(true);
                 self.room_for_worker()?;
                 let id = self.new_worker(world, None, task, threads.clone(), machine, labels);
+                for trg in self.turn_triggers_on(&threads) {
+                    self.fate(&trg, format!("given to a new worker, {id}"));
+                }
                 if subscribe {
                     for t in &threads {
                         self.subscribe(t, &id);
@@ -306,6 +316,10 @@ impl Core {
                     return Ok(format!(
                         "held: posting on {thread} needs a person's approval ({apr}), asked on the worker's thread"
                     ));
+                }
+                for trg in self.turn_triggers_on(std::slice::from_ref(&thread)) {
+                    let said: String = text.chars().take(120).collect();
+                    self.fate(&trg, format!("answered by the Router on its thread: {said}"));
                 }
                 self.out.push(Effect::Reply(r));
                 Ok(format!("posted {id}"))
@@ -341,7 +355,13 @@ impl Core {
                 let trigger = opt_str(a, "trigger");
                 self.carried_answer(world, &apr, approved, trigger.as_deref())
             }
-            "ignore" => Ok("ignored".into()),
+            "ignore" => {
+                if let Some(trg) = opt_str(a, "trigger") {
+                    let why = opt_str(a, "reason").unwrap_or_else(|| "no reason given".into());
+                    self.fate(&trg, format!("ignored by the Router: {why}"));
+                }
+                Ok("ignored".into())
+            }
             "recall" | "read" => {
                 let obj = str_arg(a, "id")?;
                 let off = a.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
@@ -379,6 +399,23 @@ impl Core {
             Some(x) => Err(format!("{w} is {}", x.status.name())),
             None => Err(format!("no worker {w}")),
         }
+    }
+
+    /// Triggers of the Router's current turn on any of `threads`.
+    fn turn_triggers_on(&self, threads: &[String]) -> Vec<String> {
+        self.records
+            .router()
+            .turn_items
+            .iter()
+            .filter_map(|it| match it {
+                RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. }
+                    if threads.contains(&t.thread) =>
+                {
+                    Some(t.id.clone())
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     pub(super) fn subscribe(&mut self, thread: &str, worker: &str) {

@@ -36,12 +36,27 @@ pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
             .await;
         }
         Some(Object::Trigger(t)) => {
+            let fate = super::agent::agent(c, "fate", &t.id, Value::Null)
+                .await
+                .ok()
+                .and_then(|v| v["fate"].as_str().map(str::to_string));
+            let became = match (t.decision(), &fate) {
+                (pb::TriggerDecision::Ignored, _) => {
+                    format!("ignored before the agents saw it: {}", t.reason)
+                }
+                (_, Some(f)) => f.clone(),
+                _ if t.from_bot => "the agent's own message".to_string(),
+                _ => "with the Router: not decided yet".to_string(),
+            };
             if json {
-                print_json(&trigger_json(&t));
+                let mut v = trigger_json(&t);
+                v["became"] = json!(became);
+                print_json(&v);
             } else {
                 println!("{}", trigger_line(&t));
                 println!("  thread:   {}", t.thread_id);
                 println!("  decision: {}", safe_line(&t.reason));
+                println!("  became:   {}", safe_line(&became));
                 if !t.principal.is_empty() {
                     println!(
                         "  trust:    {} ({})",

@@ -212,11 +212,33 @@ impl Api {
                        "may_approve": t.may_approve(who, labels.as_ref())})
             }
             "admins" | "admins_add" | "admins_revoke" => self.admins_op(&r.op, &args, by)?,
+            "fate" => self.fate(id)?,
             other => return Err(invalid(format!("unknown agent op {other:?}"))),
         };
         Ok(pb::AgentResponse {
             json: v.to_string(),
         })
+    }
+
+    /// What became of a trigger after the fast path: the agents' record of
+    /// it, with the policy named by ID when the Router cited one.
+    fn fate(&self, trigger: &str) -> Result<Value, Status> {
+        let Some(b) = self
+            .store
+            .get_raw(Space::Agents, &keys::fate(trigger))
+            .map_err(store_err)?
+        else {
+            return Ok(json!({"trigger": trigger, "fate": null}));
+        };
+        let mut fate = String::from_utf8_lossy(&b).into_owned();
+        if let Some(i) = fate.find("policy: ") {
+            let cited = fate[i + 8..].trim().to_string();
+            let policies = self.store.list_policies().map_err(store_err)?;
+            if let Some(p) = policies.iter().find(|p| p.text.trim() == cited) {
+                fate = format!("{} ({})", fate, p.id);
+            }
+        }
+        Ok(json!({"trigger": trigger, "fate": fate}))
     }
 
     /// The model a role uses, described for people (the scripted
