@@ -89,7 +89,7 @@ fn read(dir: &Path, name: &'static str, given: bool) -> Result<String, ClientErr
 /// otherwise.
 fn where_from(given: bool) -> String {
     if given {
-        return "the directory --creds or BYOM_CREDS names; it should hold a copy of a server's <data-dir>/admin, or a bundle from `byom admins add`".into();
+        return "the directory --creds or BYOM_CREDS names; it should hold a copy of the <data-dir>/admin of a `byom server`, or a bundle from `byom admins add`".into();
     }
     let how = "if `byom server` runs here with --data-dir DIR, set BYOM_DATA_DIR=DIR (or BYOM_CREDS=DIR/admin); if it runs elsewhere, copy its <data-dir>/admin here and pass --creds or BYOM_CREDS; if none runs yet, start one with `byom server`";
     match std::env::var_os("BYOM_DATA_DIR") {

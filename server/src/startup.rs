@@ -188,11 +188,11 @@ fn identity(
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     private_data_dir(&opts.data_dir)?;
-    // Held for the process's life: the OS drops it when we exit, however.
-    let _lock = lock_data_dir(&opts.data_dir)?;
     // Configuration errors first, before anything is opened or bound.
     let agent_cfg = agent_config(&opts)?;
     let rules = crate::triggers::load_rules(&opts.data_dir)?;
+    // Held for the process's life: the OS drops it when we exit, however.
+    let _lock = lock_data_dir(&opts.data_dir)?;
     let store = Store::open_sled(&opts.data_dir.join("store"))
         .with_context(|| format!("cannot open the store in {}", opts.data_dir.display()))?;
     let bound = bind(&opts).await?;

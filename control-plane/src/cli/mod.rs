@@ -210,7 +210,10 @@ fn status_text(s: &tonic::Status) -> String {
         cur = c.source();
     }
     let all = causes.join(": ");
-    if s.code() != tonic::Code::Unknown && s.code() != tonic::Code::Unavailable {
+    if !matches!(
+        s.code(),
+        tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled
+    ) {
         return s.message().to_string();
     }
     let refused = [
@@ -222,9 +225,11 @@ fn status_text(s: &tonic::Status) -> String {
     ]
     .iter()
     .any(|w| all.contains(w));
-    if s.message().contains("transport error")
-        && (refused || causes.is_empty() || all.contains("canceled"))
-    {
+    // h2 reports a connection the server dropped during the first call as
+    // either of these, depending on which side noticed first.
+    let dropped =
+        s.message().contains("transport error") || s.message().contains("operation was canceled");
+    if dropped && (refused || causes.is_empty() || all.contains("canceled")) {
         return format!(
             "the server closed the connection{}: it most likely refused this admin certificate (issued by another byom server's CA, or expired); use the credentials in that server's <data-dir>/admin, or a bundle from `byom admins add` (--creds / BYOM_CREDS)",
             if all.is_empty() { String::new() } else { format!(" ({all})") }
