@@ -8,10 +8,11 @@
 //! Router rules, per event in the turn: a policy "ignore … from USER" or
 //! "ignore … \"WORDS\"" ignores matching triggers; on a thread with an open
 //! approval, yes/no words answer it; "cancel"/"stop" on a thread with
-//! workers cancels them; a message with a `backticked` command (or run,
-//! check, build, test, deploy …) becomes a worker task on the machine named
-//! by "on NAME"; worker reports and questions are relayed to their thread;
-//! anything else is ignored.
+//! workers cancels them; a message with a `backticked` command or a ```js
+//! fence becomes a worker task on the machine named by "on NAME"; worker
+//! reports and questions are relayed to their thread; anything else
+//! addressed to it gets a reply saying what it is and naming `--model`;
+//! unaddressed chatter is ignored.
 //!
 //! Worker rules: a task with a ```js fence runs that program; "in parallel"
 //! with several `commands` runs a program that spawns one subagent per
