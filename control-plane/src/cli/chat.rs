@@ -46,6 +46,9 @@ pub async fn run(c: &mut Client, mut a: ChatArgs) -> anyhow::Result<i32> {
         .into_inner();
     let (thread_tx, mut thread_rx) = tokio::sync::watch::channel(String::new());
     let max = a.replies;
+    // Typing at a terminal, replies to later lines must still show: only
+    // messages given up front end the wait once answered.
+    let until_settled = max == 0 && !a.messages.is_empty();
     let mut probe = c.clone();
     let printer = tokio::spawn(async move {
         let mut seen = 0usize;
@@ -75,7 +78,7 @@ pub async fn run(c: &mut Client, mut a: ChatArgs) -> anyhow::Result<i32> {
                         }
                         early.push_back(t);
                     } else if t.thread_id == thread
-                        && (print(&t) || (max == 0 && settled(&mut probe, &thread).await))
+                        && (print(&t) || (until_settled && settled(&mut probe, &thread).await))
                     {
                         return;
                     }
@@ -95,7 +98,7 @@ pub async fn run(c: &mut Client, mut a: ChatArgs) -> anyhow::Result<i32> {
                             }
                         }
                     }
-                    if printed && max == 0 && settled(&mut probe, &thread).await {
+                    if printed && until_settled && settled(&mut probe, &thread).await {
                         return;
                     }
                 }
