@@ -163,8 +163,10 @@ pub fn revoke(store: &Store, name: &str, by: &str, now_ms: u64) -> Result<AdminR
         None => n == BOOTSTRAP,
     };
     if !active(&all, name) {
+        // Revoked already: a retried call (say, after a server restart)
+        // gets the record it made, not an error.
         return match all.get(name) {
-            Some(_) => Err(AdminError::Refused(format!("{name} is already revoked"))),
+            Some(r) => Ok(r.clone()),
             None => Err(AdminError::Invalid(format!(
                 "{name} is not an admin; see `byom admins ls`"
             ))),
@@ -224,10 +226,12 @@ mod tests {
             e.contains("revoked by admin:ada") && e.contains("personal bundle"),
             "{e}"
         );
-        assert!(matches!(
-            revoke(&store, "admin", "admin:ada", 4),
-            Err(AdminError::Refused(_))
-        ));
+        // Revoking again (a retry) answers with the first revocation.
+        let again = revoke(&store, "admin", "admin:bob", 4).unwrap();
+        assert_eq!(
+            (again.revoked_ms, again.revoked_by.as_str()),
+            (Some(3), "admin:ada")
+        );
         assert_eq!(list(&store).unwrap().len(), 2);
     }
 }

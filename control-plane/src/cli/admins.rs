@@ -74,8 +74,12 @@ pub async fn run(g: &Global, cmd: AdminsCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         AdminsCmd::Revoke { name } => {
-            agent(&mut c, "admins_revoke", "", json!({ "name": name })).await?;
-            println!("revoked {name}: the server refuses their certificate from now on");
+            let r = agent(&mut c, "admins_revoke", "", json!({ "name": name })).await?;
+            println!(
+                "revoked {name} (by {}, {}): the server refuses their certificate from now on",
+                s(&r, "revoked_by"),
+                s(&r, "revoked_at")
+            );
             Ok(0)
         }
         AdminsCmd::Add { name, out } => {
