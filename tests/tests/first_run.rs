@@ -179,6 +179,33 @@ fn readme_use_it_runs_as_written() {
     }
 }
 
+/// Sends `text` on `thread` as ada, addressed to the agent; the trigger's
+/// ID and what `byom show` says became of it, once decided.
+fn fate_of(server: &Server, thread: &str, text: &str) -> (String, String) {
+    let sent = server.json(&[
+        "events",
+        "send",
+        "--source",
+        "chat",
+        "--thread",
+        thread,
+        "--user",
+        "ada",
+        "--mention",
+        text,
+    ]);
+    let trg = sent["trigger"]["id"]
+        .as_str()
+        .or(sent["id"].as_str())
+        .unwrap()
+        .to_string();
+    let became = wait_for("the trigger's fate", T, || {
+        let b = server.json(&["show", &trg])["became"].as_str()?.to_string();
+        (!b.contains("not decided yet")).then_some(b)
+    });
+    (trg, became)
+}
+
 fn byom_with(env: &[(&str, &str)], args: &[&str]) -> Output {
     let mut c = Command::new(bin("byom"));
     c.args(args)
@@ -275,27 +302,7 @@ fn exec_works_as_ssh_does() {
         "{out}"
     );
     // A request becomes a task: `byom show` says which.
-    let sent = server.json(&[
-        "events",
-        "send",
-        "--source",
-        "chat",
-        "--thread",
-        "f1",
-        "--user",
-        "ada",
-        "--mention",
-        "run `echo fate` on lap",
-    ]);
-    let trg = sent["trigger"]["id"]
-        .as_str()
-        .or(sent["id"].as_str())
-        .unwrap()
-        .to_string();
-    let became = wait_for("the trigger's fate", T, || {
-        let b = server.json(&["show", &trg])["became"].as_str()?.to_string();
-        (!b.contains("not decided yet")).then_some(b)
-    });
+    let (_, became) = fate_of(&server, "f1", "run `echo fate` on lap");
     assert!(became.contains("given to a new worker, wrk_"), "{became}");
     // One screen for the admin side.
     let st = server.json(&["status"]);
@@ -453,28 +460,7 @@ fn the_scripted_model_says_what_it_is() {
         t0.elapsed()
     );
     // byom show says what became of a trigger.
-    let sent = server.json(&[
-        "events",
-        "send",
-        "--source",
-        "chat",
-        "--thread",
-        "h4",
-        "--user",
-        "ada",
-        "--mention",
-        "hi there",
-    ]);
-    let trg = sent["trigger"]["id"]
-        .as_str()
-        .or(sent["id"].as_str())
-        .unwrap()
-        .to_string();
-    let became = wait_for("the trigger's fate", T, || {
-        let v = server.json(&["show", &trg]);
-        let b = v["became"].as_str()?.to_string();
-        (!b.contains("not decided yet")).then_some(b)
-    });
+    let (trg, became) = fate_of(&server, "h4", "hi there");
     assert!(became.contains("answered by the Router"), "{became}");
     let o = server.byom(&["show", &trg]);
     assert!(stdout(&o).contains("became:"), "{}", stdout(&o));
