@@ -354,12 +354,7 @@ impl Core {
         by: &str,
     ) -> Result<(), String> {
         let now = self.now;
-        let a = self
-            .records
-            .approvals()
-            .get(apr)
-            .cloned()
-            .ok_or_else(|| format!("no approval {apr}"))?;
+        let a = self.approval(apr)?;
         if a.state != ApprovalState::Open {
             return Err(format!("{apr} is already {}", a.state.name()));
         }
@@ -449,6 +444,14 @@ impl Core {
 
     /// The Router's `answer` tool: it names the trigger the answer came in,
     /// and the core takes the author and the words from that trigger.
+    fn approval(&self, apr: &str) -> Result<Approval, String> {
+        self.records
+            .approvals()
+            .get(apr)
+            .cloned()
+            .ok_or_else(|| format!("no approval {apr}"))
+    }
+
     pub(super) fn carried_answer(
         &mut self,
         world: &mut dyn World,
@@ -473,12 +476,7 @@ impl Core {
                 _ => None,
             })
             .ok_or_else(|| format!("{trg} is not a message of this turn"))?;
-        let a = self
-            .records
-            .approvals()
-            .get(apr)
-            .cloned()
-            .ok_or_else(|| format!("no approval {apr}"))?;
+        let a = self.approval(apr)?;
         if !a.thread.is_empty() && a.thread != t.thread {
             return Err(format!(
                 "{trg} is on {}, but {apr} was asked on {}",

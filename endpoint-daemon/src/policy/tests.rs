@@ -5,14 +5,9 @@ fn policy(text: &str) -> Policy {
     Policy::parse(text, &dir.join("no-such-dir/policy.toml")).unwrap()
 }
 
-fn decide(p: &Policy, shell: &str, agent: bool) -> &'static str {
-    let req = Request {
-        shell,
-        cwd: "/tmp",
-        requested_by: if agent { "wrk_1" } else { "admin" },
-        ..Default::default()
-    };
-    match p.check(&req) {
+/// A decision in one word, for table-like assertions.
+fn outcome(p: &Policy, req: &Request) -> &'static str {
+    match p.check(req) {
         Ok(Decision::Allow { confirm: None, .. }) => "allow",
         Ok(Decision::Allow {
             confirm: Some(_), ..
@@ -20,6 +15,16 @@ fn decide(p: &Policy, shell: &str, agent: bool) -> &'static str {
         Ok(Decision::Deny { .. }) => "deny",
         Err(_) => "fails",
     }
+}
+
+fn decide(p: &Policy, shell: &str, agent: bool) -> &'static str {
+    let req = Request {
+        shell,
+        cwd: "/tmp",
+        requested_by: if agent { "wrk_1" } else { "admin" },
+        ..Default::default()
+    };
+    outcome(p, &req)
 }
 
 #[test]
@@ -235,14 +240,7 @@ fn decide_untrusted(p: &Policy, shell: &str, taint: &str, approved_by: &str) -> 
         approved_by,
         ..Default::default()
     };
-    match p.check(&req) {
-        Ok(Decision::Allow { confirm: None, .. }) => "allow",
-        Ok(Decision::Allow {
-            confirm: Some(_), ..
-        }) => "confirm",
-        Ok(Decision::Deny { .. }) => "deny",
-        Err(_) => "fails",
-    }
+    outcome(p, &req)
 }
 
 #[test]

@@ -30,6 +30,15 @@ fn printable(s: &str, max: usize) -> String {
     s.chars().filter(|c| !c.is_control()).take(max).collect()
 }
 
+/// A daemon's list of programs or patterns, bounded and printable.
+fn printable_list(l: &[String]) -> Vec<String> {
+    l.iter()
+        .take(MAX_READ_ONLY)
+        .map(|p| printable(p, 64))
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
 /// An authenticated machine's connection: Hello, then the control stream,
 /// request streams and its commands until it ends.
 pub(super) async fn serve(
@@ -115,20 +124,8 @@ pub(super) async fn serve(
         m.policy_digest = printable(&hello.policy_digest, 64);
         m.policy_summary = printable(&hello.policy_summary, 256);
         m.paused = hello.paused;
-        m.read_only = hello
-            .read_only
-            .iter()
-            .take(MAX_READ_ONLY)
-            .map(|p| printable(p, 64))
-            .filter(|p| !p.is_empty())
-            .collect();
-        m.env_scrub = hello
-            .env_scrub
-            .iter()
-            .take(MAX_READ_ONLY)
-            .map(|p| printable(p, 64))
-            .filter(|p| !p.is_empty())
-            .collect();
+        m.read_only = printable_list(&hello.read_only);
+        m.env_scrub = printable_list(&hello.env_scrub);
         m.transport = transport.name.to_string();
         // The machine's own labels fill in; an admin's win.
         for (k, v) in hello.labels.iter().take(limits::MAX_LABELS) {
