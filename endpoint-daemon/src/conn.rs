@@ -158,6 +158,10 @@ enum End {
     Lost(String, bool),
     /// Got a fresh certificate; reconnect at once.
     Renewed,
+    /// Drained for an upgrade; the connection is closed.
+    Upgrade(crate::upgrade::Request),
+    /// A trial daemon connected: its job is done.
+    TrialDone,
     /// The server says this identity is no good any more.
     Revoked(String),
 }
@@ -167,6 +171,9 @@ pub struct RunOptions {
     pub server: Option<String>,
     /// Labels reported in Hello.
     pub labels: Vec<(String, String)>,
+    /// Run as an upgrade's trial (see [`crate::upgrade`]): connect paused,
+    /// write this file, exit. The daemon being upgraded holds the lock.
+    pub upgrade_trial: Option<PathBuf>,
 }
 
 /// Holds an exclusive lock on `<config-dir>/run.lock` while `byomd run`
@@ -241,14 +248,23 @@ fn lock_config_dir(dir: &Path) -> anyhow::Result<RunLock> {
 pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     let dir = opts.config_dir;
     Identity::load(&dir)?;
-    let _lock = lock_config_dir(&dir)?;
+    let trial = opts.upgrade_trial.clone();
+    let _lock = match trial {
+        Some(_) => None,
+        None => Some(lock_config_dir(&dir)?),
+    };
     // A policy that does not parse stops the daemon: never "anything goes".
     let policy = crate::policy::Policy::load(&dir)?;
-    // Approvals asked by an earlier daemon process are void: those commands
-    // are lost, never run.
-    crate::approvals::clear_all(&dir);
+    if trial.is_none() {
+        // Approvals asked by an earlier daemon process are void: those
+        // commands are lost, never run.
+        crate::approvals::clear_all(&dir);
+        // Just swapped in by an upgrade: roll back unless we reconnect.
+        tokio::spawn(crate::upgrade::watch_swap(dir.clone()));
+    }
     tracing::info!(policy = %policy.path.display(), digest = %policy.digest, "local policy: {}", policy.summary());
     let runner = Arc::new(Runner::with_policy(policy));
+    runner.set_draining(trial.is_some());
     let mut backoff = limits::RECONNECT_BACKOFF_MIN;
     tracing::info!(instance = %runner.instance_id, "byomd starting");
     loop {
@@ -264,7 +280,7 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
         set_status(&dir, "connecting", &server, "");
         let started = Instant::now();
         let end = tokio::select! {
-            r = session(&dir, &ident, &key, &server, &runner, &opts.labels) => r,
+            r = session(&dir, &ident, &key, &server, &runner, &opts.labels, trial.as_deref()) => r,
             _ = shutdown.cancelled() => {
                 set_status(&dir, "stopped", &server, "");
                 runner.cancel_all("byomd stopped");
@@ -275,6 +291,22 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
         };
         match end {
             Ok(End::Renewed) => {
+                backoff = limits::RECONNECT_BACKOFF_MIN;
+                continue;
+            }
+            Ok(End::TrialDone) => return Ok(()),
+            Ok(End::Upgrade(req)) => {
+                set_status(&dir, "upgrading", &server, "");
+                if let Some(exe) =
+                    crate::upgrade::stage_and_try(&dir, opts.server.as_deref(), &req).await
+                {
+                    set_status(&dir, "restarting for an upgrade", &server, "");
+                    // On success exec never returns: this process becomes
+                    // the new daemon (the run lock closes on exec).
+                    let e = crate::upgrade::exec_self(&exe);
+                    tracing::error!("{e:#}");
+                }
+                runner.set_draining(false);
                 backoff = limits::RECONNECT_BACKOFF_MIN;
                 continue;
             }
@@ -389,14 +421,14 @@ async fn hello(
     runner: &Arc<Runner>,
     ident: &Identity,
     labels: &[(String, String)],
-) -> anyhow::Result<(quinn::SendStream, quinn::RecvStream, String)> {
+) -> anyhow::Result<(quinn::SendStream, quinn::RecvStream, pb::HelloAck)> {
     let (mut ctl_send, mut ctl_recv) = conn.open_bi().await?;
     let (running, held) = runner.inventory();
     let (policy_digest, policy_summary) = runner.policy_info();
     let hello = pb::Hello {
         protocol_version: byom_protocol::PROTOCOL_VERSION,
         machine_id: ident.machine_id.clone(),
-        version: byom_protocol::VERSION.into(),
+        version: byom_protocol::version().into(),
         os: std::env::consts::OS.into(),
         arch: std::env::consts::ARCH.into(),
         hostname: crate::hostname(),
@@ -421,12 +453,12 @@ async fn hello(
     let ack = tokio::time::timeout(CONNECT_TIMEOUT, read_frame::<ToDaemon>(&mut ctl_recv))
         .await
         .map_err(|_| anyhow::anyhow!("the server did not answer Hello"))??;
-    let name = match ack.and_then(|a| a.msg) {
-        Some(to_daemon::Msg::HelloAck(a)) => a.machine_name,
+    let ack = match ack.and_then(|a| a.msg) {
+        Some(to_daemon::Msg::HelloAck(a)) => a,
         Some(to_daemon::Msg::Error(e)) => bail!("the server refused Hello: {}", e.message),
         _ => bail!("unexpected reply to Hello"),
     };
-    Ok((ctl_send, ctl_recv, name))
+    Ok((ctl_send, ctl_recv, ack))
 }
 
 async fn session(
@@ -436,6 +468,7 @@ async fn session(
     server: &str,
     runner: &Arc<Runner>,
     labels: &[(String, String)],
+    trial: Option<&Path>,
 ) -> anyhow::Result<End> {
     let addr = crate::pair::resolve(server).await?;
     let cfg = crate::tls::machine_config(&ident.ca_pem, &ident.cert_pem, key)?;
@@ -487,7 +520,7 @@ async fn session(
     // In TLS 1.3 the client's handshake ends before the server has checked
     // its certificate, so a revoked machine learns it here, as the
     // connection's close reason behind whatever error the first I/O gives.
-    let (mut ctl_send, ctl_recv, name) = match hello(&conn, runner, ident, labels).await {
+    let (mut ctl_send, ctl_recv, ack) = match hello(&conn, runner, ident, labels).await {
         Ok(v) => v,
         Err(e) => {
             return match revoked(&conn) {
@@ -496,6 +529,14 @@ async fn session(
             }
         }
     };
+    if let Some(report) = trial {
+        tracing::info!("upgrade trial: connected to {server}");
+        byom_wire::write_atomic(report, byom_protocol::version().as_bytes(), 0o600)?;
+        conn.close(0u32.into(), b"upgrade trial done");
+        return Ok(End::TrialDone);
+    }
+    let name = ack.machine_name;
+    crate::upgrade::connected(dir);
     tracing::info!(machine = %ident.machine_id, %name, %server, transport = transport.name(), "connected");
     // An admin may have renamed the machine while it was away.
     follow_rename(dir, &name);
@@ -545,8 +586,13 @@ async fn session(
             }
         }
     };
+    let upgrade = upgrade_wanted(dir, runner, &ack.dist_version);
     let why = tokio::select! {
         w = probe => return Ok(End::Lost(w, true)),
+        req = upgrade => {
+            conn.close(0u32.into(), b"upgrading");
+            return Ok(End::Upgrade(req));
+        }
         w = heartbeat => w,
         w = streams => w,
         _ = renewal => "renewal loop ended".to_string(),
@@ -564,6 +610,54 @@ async fn session(
     }
     conn.close(0u32.into(), why.as_bytes());
     Ok(End::Lost(why, connected_at.elapsed() >= STABLE_AFTER))
+}
+
+/// Resolves when this daemon should upgrade and has drained: `byomd
+/// upgrade` asked, or the owner's `auto_upgrade` and a newer shipped
+/// version. Draining reports the daemon paused and waits for its commands
+/// to finish and their results to be taken (`--now`: cancels them).
+async fn upgrade_wanted(dir: &Path, runner: &Runner, shipped: &str) -> crate::upgrade::Request {
+    let mut tick = tokio::time::interval(PAUSE_POLL);
+    let req = loop {
+        tick.tick().await;
+        if let Some(r) = crate::upgrade::take_request(dir) {
+            break r;
+        }
+        if runner.auto_upgrade() && crate::upgrade::auto_wanted(dir, shipped) {
+            break crate::upgrade::Request {
+                at_ms: crate::now_ms(),
+                ..Default::default()
+            };
+        }
+    };
+    runner.set_draining(true);
+    let mut st = crate::upgrade::State {
+        state: "draining".into(),
+        from: byom_protocol::version().into(),
+        to: shipped.into(),
+        request_at_ms: req.at_ms,
+        ..Default::default()
+    };
+    if req.now {
+        runner.cancel_all("byomd is upgrading (--now)");
+    }
+    let mut last = usize::MAX;
+    loop {
+        let (running, held) = runner.inventory();
+        if req.now || running.len() + held.len() == 0 {
+            return req;
+        }
+        if running.len() + held.len() != last {
+            last = running.len() + held.len();
+            st.detail = format!(
+                "waiting for {} running command(s) to finish ({} result(s) to deliver)",
+                running.len(),
+                held.len()
+            );
+            crate::upgrade::set_state(dir, &st);
+        }
+        tick.tick().await;
+    }
 }
 
 /// Pings on the control stream; a server silent for HEARTBEAT_MISSES

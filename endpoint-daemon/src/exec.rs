@@ -131,6 +131,9 @@ pub struct Runner {
     policy: Mutex<Option<Policy>>,
     /// The config dir (secrets, pause flag); `None`: neither.
     config_dir: Option<std::path::PathBuf>,
+    /// Draining for an upgrade (or a trial daemon): reported as paused so
+    /// the server sends nothing new.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 /// How a command will run, once the policy said yes.
@@ -168,6 +171,7 @@ impl Runner {
             max_concurrency: limits::MAX_CONCURRENT_COMMANDS,
             policy: Mutex::new(None),
             config_dir: None,
+            draining: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -185,9 +189,28 @@ impl Runner {
 
     /// The owner's kill switch: `<config-dir>/paused` exists.
     pub fn is_paused(&self) -> bool {
-        self.config_dir
-            .as_ref()
-            .is_some_and(|d| crate::paused_flag(d).exists())
+        self.is_draining()
+            || self
+                .config_dir
+                .as_ref()
+                .is_some_and(|d| crate::paused_flag(d).exists())
+    }
+
+    pub fn set_draining(&self, on: bool) {
+        self.draining.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The owner's `[upgrade] auto_upgrade`.
+    pub fn auto_upgrade(&self) -> bool {
+        self.policy
+            .lock()
+            .ok()
+            .and_then(|p| p.as_ref().map(|p| p.auto_upgrade()))
+            .unwrap_or(false)
     }
 
     /// Programs the policy declares read-only (told to the server).

@@ -8,7 +8,8 @@
 //! bounded, so a restart forgets it and the server marks those commands lost.
 //!
 //! Key types: [`identity::Identity`], [`exec::Runner`] (runs and holds
-//! commands), [`conn::run`] (the reconnecting client), [`pair::pair`].
+//! commands), [`conn::run`] (the reconnecting client), [`pair::pair`],
+//! [`upgrade`] (checked, tried, rolled-back upgrades from the server).
 
 pub mod approvals;
 pub mod audit;
@@ -21,6 +22,7 @@ pub mod secrets;
 pub mod service;
 pub mod shell;
 pub mod tls;
+pub mod upgrade;
 
 pub use byom_wire::{hostname, now_ms};
 

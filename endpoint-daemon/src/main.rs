@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(
     name = "byomd",
-    version,
+    version = byom_protocol::version(),
     about = "byomd: lets the byom agent run commands on this machine"
 )]
 struct Cli {
@@ -49,6 +49,24 @@ enum Cmd {
         /// admin set on the server win.
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// Internal: run as an upgrade's trial and write this file once
+        /// connected (see `byomd upgrade`).
+        #[arg(long, hide = true, value_name = "FILE")]
+        upgrade_trial: Option<PathBuf>,
+    },
+    /// Install the byomd the server ships: checked against the manifest its
+    /// CA signed, tried before it replaces this one, rolled back if it does
+    /// not reconnect. Running commands finish first.
+    Upgrade {
+        /// Only say whether the server ships a newer byomd.
+        #[arg(long)]
+        check: bool,
+        /// Do not wait for running commands: cancel them.
+        #[arg(long)]
+        now: bool,
+        /// How long the new daemon has to reconnect before it is rolled back.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        within: std::time::Duration,
     },
     /// Show the identity, certificate, key store and connection state.
     Status {
@@ -225,7 +243,12 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             println!("start it with: byomd run{}", dir_flag(&dir));
             Ok(0)
         }
-        Cmd::Run { server, labels } => {
+        Cmd::Upgrade { check, now, within } => rt.block_on(upgrade(&dir, check, now, within)),
+        Cmd::Run {
+            server,
+            labels,
+            upgrade_trial,
+        } => {
             let shutdown = tokio_util::sync::CancellationToken::new();
             let s = shutdown.clone();
             rt.spawn(async move {
@@ -237,6 +260,7 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
                     config_dir: dir,
                     server,
                     labels,
+                    upgrade_trial,
                 },
                 shutdown,
             ))?;
@@ -363,6 +387,93 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// `byomd upgrade`: asks the running daemon (which drains first) and
+/// follows its progress, or upgrades the binary itself when none runs.
+async fn upgrade(
+    dir: &std::path::Path,
+    check: bool,
+    now: bool,
+    within: std::time::Duration,
+) -> anyhow::Result<i32> {
+    use byom_daemon::upgrade as up;
+    let id = Identity::load(dir)?;
+    if check {
+        let r = up::fetch_release(&id, &id.server_addr).await?;
+        let mine = byom_protocol::version();
+        if r.newer() {
+            println!(
+                "byomd {mine}; the server ships {}: `byomd upgrade` installs it",
+                r.manifest.version
+            );
+        } else {
+            println!(
+                "byomd {mine} is current (the server ships {})",
+                r.manifest.version
+            );
+        }
+        return Ok(0);
+    }
+    let req = up::Request {
+        now,
+        within_ms: within.as_millis() as u64,
+        at_ms: byom_daemon::now_ms(),
+    };
+    if !byom_daemon::conn::running(dir) {
+        // No daemon to drain or restart: swap the binary after a trial,
+        // which already proved the new one connects.
+        if up::stage_and_try(dir, None, &req).await.is_some() {
+            if let Some(mut st) = up::state(dir) {
+                st.state = "done".into();
+                st.detail = format!("installed byomd {}; it connected in its trial", st.to);
+                up::set_state(dir, &st);
+            }
+        }
+    } else {
+        up::request(dir, &req)?;
+        println!(
+            "asked the running byomd to upgrade{}",
+            if now {
+                " now"
+            } else {
+                " once its commands finish"
+            }
+        );
+    }
+    // Follow the steps until one is final (bounded: a drain waits for
+    // commands, which have their own limits).
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(6 * 3600);
+    let mut last = None;
+    while std::time::Instant::now() < give_up {
+        if let Some(st) = up::state(dir).filter(|s| s.request_at_ms == req.at_ms) {
+            if last.as_ref() != Some(&(st.state.clone(), st.detail.clone())) {
+                println!("{}: {}", st.state.replace('_', " "), st.detail);
+                last = Some((st.state.clone(), st.detail.clone()));
+            }
+            if st.finished() {
+                return Ok(if matches!(st.state.as_str(), "done" | "up_to_date") {
+                    0
+                } else {
+                    1
+                });
+            }
+            // The exec'd daemon takes the lock back at once; none after
+            // the deadline means no service manager restarted it.
+            if st.state == "swapped"
+                && byom_daemon::now_ms() > st.deadline_ms + 5_000
+                && !byom_daemon::conn::running(dir)
+            {
+                println!("installed; start byomd again (`byomd run` or your service) to finish");
+                return Ok(0);
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    anyhow::bail!(
+        "the upgrade did not finish; see `byomd status` and {}",
+        dir.join("upgrade.json").display()
+    )
 }
 
 fn dir_flag(dir: &std::path::Path) -> String {

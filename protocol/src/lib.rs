@@ -8,12 +8,14 @@
 //!
 //! Key items: [`pb`] (generated messages), [`frame`] (encode/decode with
 //! [`limits::MAX_FRAME_BYTES`]), [`id`] (`mch_…`, `cmd_…`, `tok_…`),
-//! [`token::PairingToken`], [`limits`], [`names`] (one validator for names
+//! [`token::PairingToken`], [`manifest::Manifest`] (what a server ships),
+//! [`version()`] (the stamped version), [`limits`], [`names`] (one validator for names
 //! and labels), [`time`] (RFC 3339), [`PROTOCOL_VERSION`] and [`ALPN`].
 
 pub mod frame;
 pub mod id;
 pub mod limits;
+pub mod manifest;
 pub mod names;
 pub mod time;
 pub mod token;
@@ -37,6 +39,49 @@ pub const SERVER_NAME: &str = "byom-server";
 
 /// Crate version, reported in Hello and by `--version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+const STAMP_PREFIX: &[u8] = b"byom-version-stamp:";
+const STAMP_LEN: usize = 64;
+
+/// The version this binary reports, kept where release tooling can rewrite
+/// it in place (the bytes after `byom-version-stamp:`, NUL-padded), the way
+/// Go's `-X` sets a string at link time: a packager stamps a build without
+/// recompiling it, and the upgrade tests make a "newer" daemon that way.
+#[used]
+static VERSION_STAMP: [u8; STAMP_LEN] = stamp();
+
+const fn stamp() -> [u8; STAMP_LEN] {
+    let mut out = [0u8; STAMP_LEN];
+    let v = VERSION.as_bytes();
+    let mut i = 0;
+    while i < STAMP_PREFIX.len() {
+        out[i] = STAMP_PREFIX[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < v.len() && i + j < STAMP_LEN {
+        out[i + j] = v[j];
+        j += 1;
+    }
+    out
+}
+
+/// The version this binary reports in `Hello`, `--version`-like output and
+/// the upgrade logic: the stamp, or [`VERSION`] if the stamp is damaged.
+pub fn version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        // black_box: the stamp must be read from the binary, never folded
+        // into a constant at compile time.
+        let s: &[u8; STAMP_LEN] = std::hint::black_box(&VERSION_STAMP);
+        let body = &s[STAMP_PREFIX.len()..];
+        let end = body.iter().position(|&b| b == 0).unwrap_or(body.len());
+        std::str::from_utf8(&body[..end])
+            .ok()
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic()))
+            .map_or_else(|| VERSION.to_string(), str::to_string)
+    })
+}
 
 impl pb::CommandState {
     /// True for states a command never leaves.

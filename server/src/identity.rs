@@ -10,6 +10,8 @@ use crate::tls::RevokedSet;
 
 pub struct ServerIdentity {
     pub pki: Pki,
+    /// What laptops download from us: the installer and the release.
+    pub site: Arc<crate::dist::Site>,
     /// Machine IDs whose certificates are refused at the TLS layer.
     pub revoked: Arc<RevokedSet>,
     /// HOST:PORT daemons dial (goes into pairing tokens).

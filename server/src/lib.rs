@@ -22,6 +22,7 @@ mod admins;
 mod agents;
 mod channels;
 mod commands;
+mod dist;
 mod gate;
 mod gateway;
 mod http;

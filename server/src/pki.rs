@@ -218,6 +218,22 @@ impl Pki {
         Ok(pki)
     }
 
+    /// Signs `msg` with the CA key (ECDSA P-256 with SHA-256, ASN.1 DER):
+    /// what the server vouches for (its release manifest) can be checked by
+    /// anyone holding the CA certificate a token pinned.
+    pub fn sign(&self, msg: &[u8]) -> Result<Vec<u8>> {
+        use rcgen::SigningKey as _;
+        Ok(self.issuer.key().sign(msg)?)
+    }
+
+    /// SHA-256 of the server certificate's public key (SPKI), as curl's
+    /// `--pinnedpubkey sha256//…` wants it before any CA is trusted.
+    pub fn server_spki_sha256(&self) -> Result<[u8; 32]> {
+        let (_, cert) = x509_parser::parse_x509_certificate(&self.server_cert_der)
+            .map_err(|e| PkiError::BadCert(e.to_string()))?;
+        Ok(sha256(cert.public_key().raw))
+    }
+
     fn issuer(&self) -> Result<&Issuer<'static, KeyPair>> {
         Ok(&self.issuer)
     }

@@ -45,6 +45,9 @@ pub struct ServerOptions {
     pub offline_allowance: Duration,
     /// HTTP address for webhooks (POST /hooks/SOURCE, HMAC-signed).
     pub listen_webhook: SocketAddr,
+    /// The release to hand out (see [`crate::dist`]); `None`: look beside
+    /// the binary.
+    pub dist: Option<PathBuf>,
     pub models: ModelOptions,
 }
 
@@ -145,6 +148,33 @@ async fn bind(opts: &ServerOptions) -> anyhow::Result<Bound> {
 
 /// The server's identity: PKI (certificates naming the public host) and
 /// the machines it refuses.
+/// The release to ship: `--dist DIR` must load (a bad one is a
+/// configuration error, said at start); one found beside the binary is
+/// only used if it loads.
+fn load_dist(
+    given: Option<&std::path::Path>,
+    pki: &Pki,
+) -> anyhow::Result<Option<Arc<crate::dist::Dist>>> {
+    let (dir, explicit) = match given {
+        Some(d) => (d.to_path_buf(), true),
+        None => match crate::dist::Dist::find_default() {
+            Some(d) => (d, false),
+            None => return Ok(None),
+        },
+    };
+    match crate::dist::Dist::load(&dir, pki) {
+        Ok(d) => {
+            tracing::info!(dir = %dir.display(), version = %d.manifest.version, artifacts = d.manifest.artifacts.len(), "shipping this release to laptops");
+            Ok(Some(Arc::new(d)))
+        }
+        Err(e) if explicit => Err(anyhow::Error::new(e).context("--dist")),
+        Err(e) => {
+            tracing::warn!("not shipping the release beside the binary: {e}");
+            Ok(None)
+        }
+    }
+}
+
 fn identity(
     opts: &ServerOptions,
     store: &Store,
@@ -166,6 +196,8 @@ fn identity(
         names.push(public_host);
     }
     let pki = Pki::load_or_create(&opts.data_dir, &names).context("cannot set up the PKI")?;
+    let dist = load_dist(opts.dist.as_deref(), &pki)?;
+    let site = Arc::new(crate::dist::Site::new(dist, &pki, &public_addr)?);
     let revoked = Arc::new(RevokedSet::default());
     for m in store.list_machines()? {
         if m.revoked {
@@ -177,6 +209,7 @@ fn identity(
         .with_context(|| format!("cannot read or write {}", key_path.display()))?;
     Ok(ServerIdentity {
         pki,
+        site,
         revoked,
         public_addr,
         quic_addr,
@@ -328,6 +361,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let tcp_accept = tokio::spawn(accept_tunnels(
         bound.tcp,
         outer_tls,
+        identity.site.clone(),
         tunnel,
         gates.tunnels.clone(),
         shutdown.clone(),
@@ -544,6 +578,7 @@ fn agent_config(opts: &ServerOptions) -> anyhow::Result<AgentConfig> {
 async fn accept_tunnels(
     listener: tokio::net::TcpListener,
     tls: rustls::ServerConfig,
+    site: Arc<crate::dist::Site>,
     tunnel: Arc<byom_wire::tunnel::StreamSocket>,
     gate: Arc<crate::gate::Gate>,
     shutdown: CancellationToken,
@@ -552,6 +587,7 @@ async fn accept_tunnels(
     while let Some((tcp, remote, ticket)) = crate::gate::accept(&listener, &gate, &shutdown).await {
         let acceptor = acceptor.clone();
         let tunnel = tunnel.clone();
+        let site = site.clone();
         tokio::spawn(async move {
             let Some(Ok(tls)) = ticket
                 .within(TUNNEL_HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
@@ -559,6 +595,16 @@ async fn accept_tunnels(
             else {
                 return;
             };
+            // The same port serves laptops' downloads: whatever did not
+            // ask for the tunnel (curl offers http/1.1) gets HTTPS.
+            if tls.get_ref().1.alpn_protocol() != Some(crate::tls::TUNNEL_ALPN) {
+                tracing::debug!(%remote, "HTTPS download connection");
+                tokio::select! {
+                    _ = crate::dist::serve(site, tls) => {}
+                    _ = ticket.evicted() => {}
+                }
+                return;
+            }
             tracing::debug!(%remote, "TCP fallback connection");
             let limits = byom_wire::tunnel::StreamLimits {
                 establish_within: Some(TUNNEL_ESTABLISH_TIMEOUT),

@@ -204,6 +204,7 @@ pub fn tunnel_server_config(pki: &Pki) -> anyhow::Result<rustls::ServerConfig> {
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_no_client_auth()
         .with_single_cert(chain, key)?;
-    cfg.alpn_protocols = vec![TUNNEL_ALPN.to_vec()];
+    // The tunnel first: rustls picks the first of ours the client offers.
+    cfg.alpn_protocols = vec![TUNNEL_ALPN.to_vec(), b"http/1.1".to_vec()];
     Ok(cfg)
 }

@@ -429,6 +429,8 @@ fn output_within(mut cmd: Command, limit: Duration) -> String {
 /// A `byomd` with its own config dir.
 pub struct Daemon {
     child: Option<Child>,
+    /// The byomd it runs (a copy, for tests that upgrade it in place).
+    pub exe: PathBuf,
     pub config_dir: PathBuf,
     log: PathBuf,
     pub server_override: Option<String>,
@@ -440,6 +442,7 @@ impl Daemon {
     pub fn new(dir: &Path, name: &str) -> Daemon {
         Daemon {
             child: None,
+            exe: bin("byomd"),
             config_dir: dir.join(name),
             log: dir.join(format!("{name}.log")),
             server_override: None,
@@ -449,7 +452,7 @@ impl Daemon {
     }
 
     pub fn byomd(&self, args: &[&str]) -> Output {
-        Command::new(bin("byomd"))
+        Command::new(&self.exe)
             .arg("--config-dir")
             .arg(&self.config_dir)
             .args(args)
@@ -477,7 +480,7 @@ impl Daemon {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut c = Command::new(bin("byomd"));
+        let mut c = Command::new(&self.exe);
         c.arg("--config-dir").arg(&self.config_dir).arg("run");
         if let Some(s) = &self.server_override {
             c.arg("--server").arg(s);
@@ -630,4 +633,44 @@ pub fn webhook_sign(key: &[u8], body: &str) -> String {
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     )
+}
+
+/// A copy of the built byomd whose version stamp says `version`: a "newer
+/// build" for the upgrade tests, made the way a packager stamps one.
+pub fn stamped_byomd(version: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(bin("byomd")).expect("read byomd");
+    let prefix = b"byom-version-stamp:";
+    let at = bytes
+        .windows(prefix.len())
+        .position(|w| w == prefix)
+        .expect("byomd has a version stamp")
+        + prefix.len();
+    let field = &mut bytes[at..at + 64 - prefix.len()];
+    field.fill(0);
+    field[..version.len()].copy_from_slice(version.as_bytes());
+    bytes
+}
+
+/// Writes a release directory as installers/release.sh lays it out:
+/// each `(file, program, kind, bytes)` for this machine's platform, and the
+/// manifest listing them with their SHA-256.
+pub fn write_dist(dir: &Path, version: &str, files: &[(&str, &str, &str, &[u8])]) {
+    use std::fmt::Write as _;
+    std::fs::create_dir_all(dir).unwrap();
+    let (os, arch) = byom_protocol::manifest::this_platform();
+    let mut m = format!("byom-manifest 1\nversion {version}\n");
+    for (file, program, kind, bytes) in files {
+        let path = dir.join(file);
+        std::fs::write(&path, bytes).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let sha = ring::digest::digest(&ring::digest::SHA256, bytes);
+        let _ = writeln!(
+            m,
+            "artifact {file} {program} {os} {arch} {kind} {} {}",
+            bytes.len(),
+            byom_protocol::manifest::hex(sha.as_ref())
+        );
+    }
+    std::fs::write(dir.join("manifest"), m).unwrap();
 }

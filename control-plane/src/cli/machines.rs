@@ -78,7 +78,17 @@ pub async fn run(c: &mut Client, cmd: MachinesCmd) -> anyhow::Result<i32> {
                 .await?
                 .into_inner();
             if json {
-                print_json(&Value::Array(r.machines.iter().map(machine_json).collect()));
+                let shipped = &r.shipped_version;
+                print_json(&Value::Array(
+                    r.machines
+                        .iter()
+                        .map(|m| {
+                            let mut v = machine_json(m);
+                            v["behind"] = Value::Bool(behind(&m.version, shipped));
+                            v
+                        })
+                        .collect(),
+                ));
             } else {
                 table(
                     &[
@@ -104,7 +114,11 @@ pub async fn run(c: &mut Client, cmd: MachinesCmd) -> anyhow::Result<i32> {
                                 } else {
                                     ago(m.last_seen_ms)
                                 },
-                                safe_line(&or_dash(&m.version)),
+                                safe_line(&if behind(&m.version, &r.shipped_version) {
+                                    format!("{} (behind {})", m.version, r.shipped_version)
+                                } else {
+                                    or_dash(&m.version)
+                                }),
                                 safe_line(&format!("{}/{}", m.os, m.arch)),
                                 m.queued_commands.to_string(),
                             ]
@@ -233,4 +247,12 @@ pub fn print_machine(m: &pb::Machine, json: bool) {
             &m.policy_digest[..m.policy_digest.len().min(12)]
         );
     }
+}
+
+/// Whether a daemon runs an older version than the server ships (an
+/// upgrade waits for it: `byomd upgrade`, or `auto_upgrade` in its policy).
+fn behind(version: &str, shipped: &str) -> bool {
+    !version.is_empty()
+        && !shipped.is_empty()
+        && byom_protocol::manifest::version_cmp(version, shipped).is_lt()
 }

@@ -36,6 +36,11 @@ pub struct ServerArgs {
     /// overnight keeps its work and delivers it when it wakes).
     #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     pub offline_allowance: Duration,
+    /// Release directory whose byomd this server hands out (install.sh,
+    /// the signed manifest, the artifacts) over HTTPS on its public port.
+    /// Default: `dist/` beside this binary, if there is one.
+    #[arg(long, env = "BYOM_DIST")]
+    pub dist: Option<PathBuf>,
     #[command(flatten)]
     pub models: ModelArgs,
 }
@@ -85,6 +90,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
         public_addr: a.public_addr,
         cert_ttl: a.cert_ttl,
         offline_allowance: a.offline_allowance,
+        dist: a.dist,
         models: byom_server::ModelOptions {
             model: m.model,
             router_model: m.router_model,

@@ -81,6 +81,12 @@ pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
             if json {
                 let mut v = token_json(&t);
                 v["token"] = Value::String(r.secret);
+                if !r.install_command.is_empty() {
+                    v["install_command"] = Value::String(r.install_command);
+                }
+                if !r.install_command_windows.is_empty() {
+                    v["install_command_windows"] = Value::String(r.install_command_windows);
+                }
                 print_json(&v);
             } else {
                 println!("{}", r.secret);
@@ -88,11 +94,28 @@ pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
                     .map(|m| format!(" --replace {m}"))
                     .unwrap_or_default();
                 eprintln!(
-                    "\nOne-time token {} (expires {}). On the machine, run:\n  byomd pair{replace} {}",
+                    "\nOne-time token {} (expires {}).",
                     t.id,
                     ago(t.expires_at_ms),
-                    r.secret
                 );
+                if r.install_command.is_empty() {
+                    eprintln!(
+                        "On a machine with byomd, run:\n  byomd pair{replace} {}\n(To install byomd with one line from this server, start it with --dist: see README, \"Install byomd\".)",
+                        r.secret
+                    );
+                } else {
+                    eprintln!(
+                        "Install, pair and start byomd on a Linux or macOS machine with:\n  {}{replace}",
+                        r.install_command
+                    );
+                    if !r.install_command_windows.is_empty() {
+                        eprintln!("On Windows (PowerShell):\n  {}", r.install_command_windows);
+                    }
+                    eprintln!(
+                        "Or, where byomd is already installed:\n  byomd pair{replace} {}",
+                        r.secret
+                    );
+                }
             }
         }
         TokenCmd::Ls { all, json } => {

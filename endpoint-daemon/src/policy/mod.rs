@@ -114,6 +114,13 @@ scrub = ["*_TOKEN", "*_SECRET", "*_SECRET_*", "*_PASSWORD", "*_API_KEY", "AWS_SE
 max_runtime = "2h"
 # Commands running at once.
 max_concurrency = 8
+
+[upgrade]
+# Install the byomd your server ships as soon as it is newer and no command
+# is running: checked against the manifest the server's CA signed, tried
+# before it replaces this one, rolled back if it does not reconnect.
+# `byomd upgrade` does the same by hand.
+auto_upgrade = false
 "#;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -189,6 +196,13 @@ pub struct PolicyFile {
     pub env: EnvRules,
     pub run: RunRules,
     pub limits: LimitRules,
+    pub upgrade: UpgradeRules,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpgradeRules {
+    pub auto_upgrade: bool,
 }
 
 /// The local user commands run as.
@@ -416,6 +430,10 @@ impl Policy {
                 Some(e)
             }
         }
+    }
+
+    pub fn auto_upgrade(&self) -> bool {
+        self.file.upgrade.auto_upgrade
     }
 
     pub fn max_concurrency(&self) -> Option<usize> {

@@ -62,10 +62,7 @@ impl Api {
                     .map_err(store_err)?
                     .ok_or_else(|| Status::not_found(format!("token {} is gone", r.object_id)))?;
                 token.secret_sha256.clear();
-                return Ok(pb::CreateTokenResponse {
-                    token: Some(token),
-                    secret: self.token_string(by, &key).encode(),
-                });
+                return Ok(self.token_response(token, self.token_string(by, &key).encode()));
             }
         };
         let ttl = if req.ttl_ms == 0 {
@@ -122,10 +119,18 @@ impl Api {
         self.store.flush_async().await.map_err(store_err)?;
         let mut shown = token;
         shown.secret_sha256.clear();
-        Ok(pb::CreateTokenResponse {
-            token: Some(shown),
-            secret: secret.encode(),
-        })
+        Ok(self.token_response(shown, secret.encode()))
+    }
+
+    /// The token with its install one-liners (when the server ships a daemon).
+    fn token_response(&self, token: pb::Token, secret: String) -> pb::CreateTokenResponse {
+        let site = &self.identity.site;
+        pb::CreateTokenResponse {
+            token: Some(token),
+            install_command: site.install_command(&secret).unwrap_or_default(),
+            install_command_windows: site.install_command_windows(&secret).unwrap_or_default(),
+            secret,
+        }
     }
 
     /// The token a key derives: the same for every retry, never stored.
@@ -180,7 +185,10 @@ impl Api {
             .filter(|m| req.include_revoked || !m.revoked)
             .map(|m| self.decorate(m))
             .collect();
-        Ok(pb::ListMachinesResponse { machines })
+        Ok(pb::ListMachinesResponse {
+            machines,
+            shipped_version: self.identity.site.shipped_version().to_string(),
+        })
     }
 
     pub(super) async fn rename_machine(
