@@ -161,6 +161,15 @@ pub struct Site {
 impl Site {
     pub fn new(dist: Option<Arc<Dist>>, pki: &Pki, public_addr: &str) -> anyhow::Result<Site> {
         let spki = pki.server_spki_sha256()?;
+        // The address goes into a shell line and the script: a host name,
+        // an IP or [IPv6], a port, nothing a shell would read otherwise.
+        let dist = match dist {
+            Some(_) if !addr_ok(public_addr) => {
+                tracing::warn!("not handing out byomd: the public address {public_addr:?} is not a plain HOST:PORT");
+                None
+            }
+            d => d,
+        };
         Ok(Site {
             dist,
             public_addr: public_addr.to_string(),
@@ -222,6 +231,13 @@ impl Site {
                 .replace("@BYOM_MANIFEST_SHA256@", &manifest::hex(&d.manifest_sha256)),
         )
     }
+}
+
+fn addr_ok(a: &str) -> bool {
+    !a.is_empty()
+        && a.len() <= 255
+        && a.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
 }
 
 type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -346,4 +362,17 @@ where
         .header_read_timeout(HEADER_TIMEOUT)
         .serve_connection(TokioIo::new(io), svc);
     let _ = tokio::time::timeout(DOWNLOAD_CONNECTION_TIMEOUT, conn).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_plain_addresses_go_into_the_one_liner() {
+        for ok in ["byom.example.com:7443", "127.0.0.1:7443", "[::1]:7443"] {
+            assert!(super::addr_ok(ok), "{ok}");
+        }
+        for bad in ["a'b:1", "host:1;reboot", "$(x):1", "h o:1", ""] {
+            assert!(!super::addr_ok(bad), "{bad}");
+        }
+    }
 }

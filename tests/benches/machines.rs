@@ -101,6 +101,7 @@ fn main() {
                         config_dir: d,
                         server: None,
                         labels: vec![],
+                        upgrade_trial: None,
                     },
                     s,
                 )

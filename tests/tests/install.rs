@@ -406,6 +406,26 @@ fn upgrades_wait_for_commands_and_a_broken_build_is_rolled_back() {
         both(&check)
     );
 
+    // An owner who opted in gets it without asking.
+    let auto_bin = dir.path().join("auto-bin");
+    std::fs::create_dir_all(&auto_bin).unwrap();
+    std::fs::copy(bin("byomd"), auto_bin.join("byomd")).unwrap();
+    let mut auto = Daemon::new(dir.path(), "auto");
+    auto.exe = auto_bin.join("byomd");
+    auto.pair(&server.token(&[]), "auto");
+    let policy = auto.config_dir.join("policy.toml");
+    let text = std::fs::read_to_string(&policy).unwrap();
+    assert!(
+        text.contains("auto_upgrade = false"),
+        "the default policy offers it"
+    );
+    std::fs::write(
+        &policy,
+        text.replace("auto_upgrade = false", "auto_upgrade = true"),
+    )
+    .unwrap();
+    auto.start();
+
     // A command is running: the upgrade waits for it.
     let cmd = server.detach("lap", &[], &["sh", "-c", "sleep 2; echo finished"]);
     wait_for("the command to run", T, || {
@@ -438,6 +458,10 @@ fn upgrades_wait_for_commands_and_a_broken_build_is_rolled_back() {
         "the upgrade execs in place: one PID for the service manager"
     );
     assert!(bin_dir.join("byomd.prev").exists());
+    wait_for("the opted-in machine to upgrade itself", T, || {
+        (machine_row(&server, "auto")["version"] == next).then_some(())
+    });
+    auto.stop();
     let o = server.byom(&["exec", "lap", "echo", "still here"]);
     assert_eq!(stdout(&o).trim(), "still here", "{}", both(&o));
 
