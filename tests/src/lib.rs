@@ -674,3 +674,16 @@ pub fn write_dist(dir: &Path, version: &str, files: &[(&str, &str, &str, &[u8])]
     }
     std::fs::write(dir.join("manifest"), m).unwrap();
 }
+
+/// `byom server` on `data_dir` with free loopback ports, not started: for
+/// tests that expect it to refuse (a bad config, a busy data dir).
+pub fn server_cmd(data_dir: &Path) -> Command {
+    let mut c = Command::new(bin("byom"));
+    c.arg("server")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen-quic", "127.0.0.1:0"])
+        .args(["--listen-api", "127.0.0.1:0"])
+        .args(["--listen-webhook", "127.0.0.1:0"]);
+    c
+}

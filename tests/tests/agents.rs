@@ -571,17 +571,7 @@ fn label_selectors_and_configured_budgets() {
         "agents.toml",
         "[budgets]\nchat_reply_wordz = 12\n",
     );
-    let out = std::process::Command::new(byom_tests::bin("byom"))
-        .args(["server", "--data-dir"])
-        .arg(dir.path().join("server"))
-        .args([
-            "--listen-quic",
-            "127.0.0.1:0",
-            "--listen-api",
-            "127.0.0.1:0",
-            "--listen-webhook",
-            "127.0.0.1:0",
-        ])
+    let out = byom_tests::server_cmd(&dir.path().join("server"))
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -399,16 +399,7 @@ fn wrong_credentials_and_a_busy_data_dir_say_what_is_wrong() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     // A second server on the same data dir names the first one's PID.
-    let o = Command::new(bin("byom"))
-        .args(["server", "--data-dir", data.to_str().unwrap()])
-        .args([
-            "--listen-quic",
-            "127.0.0.1:0",
-            "--listen-api",
-            "127.0.0.1:0",
-            "--listen-webhook",
-            "127.0.0.1:0",
-        ])
+    let o = byom_tests::server_cmd(&data)
         .stdin(Stdio::null())
         .output()
         .unwrap();

@@ -208,18 +208,8 @@ fn the_one_liner_refuses_what_it_cannot_check() {
     // A server started on a release whose artifact does not match its
     // manifest refuses to ship it at all.
     std::fs::write(dist.join("manifest"), &manifest).unwrap();
-    let mut o = Command::new(bin("byom"))
-        .args(["server", "--data-dir"])
-        .arg(dir.path().join("c"))
-        .args([
-            "--listen-quic",
-            "127.0.0.1:0",
-            "--listen-api",
-            "127.0.0.1:0",
-            "--listen-webhook",
-            "127.0.0.1:0",
-            "--dist",
-        ])
+    let mut o = byom_tests::server_cmd(&dir.path().join("c"))
+        .arg("--dist")
         .arg(&dist)
         .env("BYOM_LOG", "warn")
         .stdout(Stdio::null())

@@ -119,7 +119,9 @@ max_concurrency = 8
 # Install the byomd your server ships as soon as it is newer and no command
 # is running: checked against the manifest the server's CA signed, tried
 # before it replaces this one, rolled back if it does not reconnect.
-# `byomd upgrade` does the same by hand.
+# `byomd upgrade` does the same by hand. A new byomd enforces this file, so
+# whoever runs the server could ship one that does not: turn this on only if
+# you trust them as much as the binary you run now.
 auto_upgrade = false
 "#;
 
