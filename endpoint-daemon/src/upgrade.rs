@@ -30,6 +30,8 @@ use crate::identity::Identity;
 
 /// How long a new daemon has to reconnect before it is rolled back.
 pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(60);
+/// After a failed automatic upgrade, the next try waits at least this.
+pub const AUTO_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// Largest binary accepted from the server.
 pub const MAX_ARTIFACT_BYTES: u64 = 256 << 20;
 /// One download (manifest, signature or binary) must finish in this time.
@@ -385,11 +387,13 @@ pub async fn trial(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    // The trial ends itself once connected; never leave it behind.
-    if tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .is_err()
-    {
+    // A good trial ends itself once connected; never leave one behind.
+    let grace = if outcome.is_ok() {
+        Duration::from_secs(5)
+    } else {
+        Duration::ZERO
+    };
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
         let _ = child.kill().await;
     }
     let _ = std::fs::remove_file(&report);
@@ -409,7 +413,7 @@ pub fn swap(exe: &Path, new: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Replaces this process with `exe`, same arguments (never returns but on
-/// error). On other systems the service manager restarts us instead.
+/// error).
 pub fn exec_self(exe: &Path) -> anyhow::Error {
     #[cfg(unix)]
     {
@@ -420,8 +424,7 @@ pub fn exec_self(exe: &Path) -> anyhow::Error {
     }
     #[cfg(not(unix))]
     {
-        let _ = exe;
-        std::process::exit(0)
+        anyhow::anyhow!("cannot restart into {} on this system", exe.display())
     }
 }
 
@@ -459,6 +462,12 @@ async fn stage(
     st: &mut State,
 ) -> Result<Option<PathBuf>, Failed> {
     let failed = |e: anyhow::Error| ("failed", e);
+    if !cfg!(unix) {
+        // A running .exe cannot be replaced and re-exec'd in place.
+        return Err(failed(anyhow::anyhow!(
+            "byomd upgrades itself only on Linux and macOS: run the install line again"
+        )));
+    }
     let ident = Identity::load(dir).map_err(failed)?;
     let server = server_override.unwrap_or(&ident.server_addr).to_string();
     st.detail = format!("fetching the manifest from {server}");
@@ -555,8 +564,14 @@ pub fn auto_wanted(dir: &Path, shipped: &str) -> bool {
     if shipped.is_empty() || !manifest::version_cmp(shipped, byom_protocol::version()).is_gt() {
         return false;
     }
-    !state(dir)
-        .is_some_and(|s| s.to == shipped && matches!(s.state.as_str(), "rolled_back" | "failed"))
+    // A version that failed is not tried again by itself; any failure
+    // waits a while (a server that cannot serve the download must not
+    // make the daemon drain and reconnect in a loop).
+    !state(dir).is_some_and(|s| {
+        matches!(s.state.as_str(), "rolled_back" | "failed")
+            && (s.to == shipped
+                || crate::now_ms().saturating_sub(s.at_ms) < AUTO_RETRY_AFTER.as_millis() as u64)
+    })
 }
 
 #[cfg(test)]

@@ -146,8 +146,6 @@ async fn bind(opts: &ServerOptions) -> anyhow::Result<Bound> {
     })
 }
 
-/// The server's identity: PKI (certificates naming the public host) and
-/// the machines it refuses.
 /// The release to ship: `--dist DIR` must load (a bad one is a
 /// configuration error, said at start); one found beside the binary is
 /// only used if it loads.
@@ -175,6 +173,8 @@ fn load_dist(
     }
 }
 
+/// The server's identity: PKI (certificates naming the public host), what
+/// it hands out to laptops, and the machines it refuses.
 fn identity(
     opts: &ServerOptions,
     store: &Store,
