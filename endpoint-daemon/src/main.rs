@@ -542,6 +542,7 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
             "config_dir": dir.display().to_string(), "revoked": id.revoked,
             "running": run.is_some(), "state": run.as_ref().map(|r| r.state.clone()), "paused": paused,
             "last_error": run.as_ref().map(|r| r.last_error.clone()), "connection": connection,
+            "version": byom_protocol::version(), "upgrade": byom_daemon::upgrade::state(dir),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -551,6 +552,14 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
         println!("key store:    {}", key_store_name(&id));
         println!("config dir:   {}", dir.display());
         println!("connection:   {connection}");
+        if let Some(u) = byom_daemon::upgrade::state(dir) {
+            println!(
+                "last upgrade: {} {}: {}",
+                u.state.replace('_', " "),
+                byom_protocol::time::rfc3339(u.at_ms),
+                u.detail
+            );
+        }
     }
     Ok(0)
 }

@@ -94,7 +94,16 @@ fn readme_use_it_runs_as_written() {
         let background = l.ends_with('&');
         let l = l.trim_end_matches('&').trim().to_string();
         let mut cmd = Command::new("sh");
-        cmd.arg("-c").arg(&l).envs(env.iter().map(|(k, v)| (k, v)));
+        // `exec`: the background process is the child killed at the end,
+        // not an orphan of a killed shell.
+        let script = if background {
+            format!("exec {l}")
+        } else {
+            l.clone()
+        };
+        cmd.arg("-c")
+            .arg(&script)
+            .envs(env.iter().map(|(k, v)| (k, v)));
         for k in [
             "BYOM_CREDS",
             "BYOM_API",
