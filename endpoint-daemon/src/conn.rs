@@ -1006,7 +1006,10 @@ pub async fn doctor(dir: &Path) -> Vec<Check> {
     }
     let key = match ident.load_key(dir) {
         Ok(k) => {
+            // Only a Unix file mode can make these worse.
+            #[cfg_attr(not(unix), allow(unused_mut))]
             let mut detail = format!("{:?} store readable", ident.key_store).to_lowercase();
+            #[cfg_attr(not(unix), allow(unused_mut))]
             let mut ok = true;
             #[cfg(unix)]
             if ident.key_store == crate::identity::KeyStore::File {

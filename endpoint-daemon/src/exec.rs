@@ -151,6 +151,7 @@ struct Plan {
     /// The policy rule that makes this command wait for local approval.
     confirm: Option<String>,
     /// The local user it runs as, if not byomd's own.
+    #[cfg_attr(not(unix), allow(dead_code))]
     run_as: Option<crate::policy::RunAs>,
     config_dir: Option<std::path::PathBuf>,
 }

@@ -205,14 +205,14 @@ impl Site {
         ))
     }
 
-    /// The PowerShell one-liner: the script is fetched from a server
-    /// whose certificate (SHA-256 of its DER) the line pins, checked by a
-    /// validation callback instead of the web PKI.
+    /// The line to paste into PowerShell: the script is fetched from a
+    /// server whose certificate (SHA-256 of its DER) the line pins, checked
+    /// by a validation callback instead of the web PKI.
     pub fn install_command_windows(&self, token: &str) -> Option<String> {
         let d = self.dist.as_ref()?;
         d.manifest.binary("byomd", "windows", "x86_64")?;
         Some(format!(
-            "powershell -NoProfile -ExecutionPolicy Bypass -Command \"$p='{}';[Net.ServicePointManager]::ServerCertificateValidationCallback={{param($s,$c)([BitConverter]::ToString([Security.Cryptography.SHA256]::Create().ComputeHash($c.GetRawCertData())) -replace '-','') -eq $p}};iex (New-Object Net.WebClient).DownloadString('{}/install.ps1');Install-Byomd '{token}'\"",
+            "try{{[Net.ServicePointManager]::SecurityProtocol='Tls13'}}catch{{}};$p='{}';[Net.ServicePointManager]::ServerCertificateValidationCallback={{param($s,$c)([BitConverter]::ToString([Security.Cryptography.SHA256]::Create().ComputeHash($c.GetRawCertData())) -replace '-','') -eq $p}};iex (New-Object Net.WebClient).DownloadString('{}/install.ps1');Install-Byomd '{token}'",
             self.cert_sha256.to_uppercase(),
             self.base_url()
         ))

@@ -109,7 +109,10 @@ pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
                         r.install_command
                     );
                     if !r.install_command_windows.is_empty() {
-                        eprintln!("On Windows (PowerShell):\n  {}", r.install_command_windows);
+                        eprintln!(
+                            "On Windows, in PowerShell:\n  {}",
+                            r.install_command_windows
+                        );
                     }
                     eprintln!(
                         "Or, where byomd is already installed:\n  byomd pair{replace} {}",
