@@ -79,6 +79,7 @@ make_deb() { # PROGRAM ARCH BINARY
   if [ "$prog" = byomd ]; then
     desc="byom endpoint daemon: runs the byom agent's commands on this machine"
     mkdir -p "$d/usr/lib/systemd/user"
+    # shellcheck disable=SC2016 # the backquotes are the unit's text
     sed 's|{{EXEC}}|/usr/bin/byomd run|; s|written by `byomd service install`|shipped by the byomd package|' \
       "$here/systemd/byomd.service" >"$d/usr/lib/systemd/user/byomd.service"
   fi
@@ -203,6 +204,11 @@ sed "s|@VERSION@|$version|g" "$here/homebrew/byomd.rb" >"$out/byomd.rb"
   done
 ) >"$work/manifest"
 mv "$work/manifest" "$out/manifest"
-(cd "$out" && sha256sum -- $(ls | grep -v -x -e SHA256SUMS) >SHA256SUMS)
+(
+  cd "$out"
+  files=()
+  for f in *; do [ "$f" = SHA256SUMS ] || files+=("$f"); done
+  sha256sum -- "${files[@]}" >SHA256SUMS
+)
 log "release $version in $out:"
-(cd "$out" && ls -l | tail -n +2 | awk '{ printf "  %10d  %s\n", $5, $9 }') >&2
+(cd "$out" && for f in *; do printf '  %10d  %s\n' "$(stat -c %s "$f")" "$f"; done) >&2

@@ -638,13 +638,16 @@ async fn upgrade_wanted(dir: &Path, runner: &Runner, shipped: &str) -> crate::up
         request_at_ms: req.at_ms,
         ..Default::default()
     };
+    // --now: cancelled commands still get a moment to hand in their
+    // results, so they end as cancelled rather than lost.
+    let hurry = req.now.then(|| Instant::now() + crate::upgrade::NOW_GRACE);
     if req.now {
         runner.cancel_all("byomd is upgrading (--now)");
     }
     let mut last = usize::MAX;
     loop {
         let (running, held) = runner.inventory();
-        if req.now || running.len() + held.len() == 0 {
+        if running.len() + held.len() == 0 || hurry.is_some_and(|t| Instant::now() >= t) {
             return req;
         }
         if running.len() + held.len() != last {

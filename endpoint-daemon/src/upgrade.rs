@@ -30,6 +30,8 @@ use crate::identity::Identity;
 
 /// How long a new daemon has to reconnect before it is rolled back.
 pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(60);
+/// With `--now`, how long cancelled commands get to deliver their results.
+pub const NOW_GRACE: Duration = Duration::from_secs(5);
 /// After a failed automatic upgrade, the next try waits at least this.
 pub const AUTO_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// Largest binary accepted from the server.

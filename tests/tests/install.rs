@@ -494,6 +494,26 @@ fn upgrades_wait_for_commands_and_a_broken_build_is_rolled_back() {
     assert_eq!(row["behind"], true);
     let o = server.byom(&["exec", "lap", "echo", "kept"]);
     assert_eq!(stdout(&o).trim(), "kept", "{}", both(&o));
+
+    // --now does not wait: the running command is cancelled, and says so.
+    let last = "0.99.3";
+    let ndist = this_dist(dir.path(), last);
+    server.extra_args = vec!["--dist".into(), ndist.to_str().unwrap().into()];
+    server.restart();
+    server.wait_online("lap", true, T);
+    let cmd = server.detach("lap", &[], &["sleep", "600"]);
+    wait_for("the long command to run", T, || {
+        (server.command(&cmd)["state"] == "running").then_some(())
+    });
+    let o = d.byomd(&["upgrade", "--now"]);
+    assert!(o.status.success(), "{}", both(&o));
+    let c = server.wait_done(&cmd, T);
+    assert_eq!(c["state"], "cancelled", "{c}");
+    wait_for("the last version on the server", T, || {
+        (machine_row(&server, "lap")["version"] == last).then_some(())
+    });
+    let st = stdout(&d.byomd(&["status"]));
+    assert!(st.contains("last upgrade: done"), "{st}");
     d.stop();
 }
 
