@@ -186,7 +186,12 @@ impl Pki {
             && read(&server_names_path).ok().as_deref() == Some(wanted_names.as_str())
             && fresh(&read(&server_pem_path)?);
         if !reuse {
-            let key = KeyPair::generate()?;
+            // A renewed certificate keeps the key: install lines pin it
+            // (curl's --pinnedpubkey), and must survive a restart.
+            let key = match read(&server_key_path).ok().map(|p| KeyPair::from_pem(&p)) {
+                Some(Ok(k)) => k,
+                _ => KeyPair::generate()?,
+            };
             let mut names: Vec<String> = vec![byom_protocol::SERVER_NAME.to_string()];
             names.extend(server_names.iter().cloned());
             names.dedup();
@@ -328,6 +333,22 @@ fn fresh(pem: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reissued_server_certificate_keeps_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Pki::load_or_create(dir.path(), &["one.example".into()]).unwrap();
+        let b = Pki::load_or_create(dir.path(), &["two.example".into()]).unwrap();
+        assert_ne!(
+            a.server_cert_der, b.server_cert_der,
+            "new names, new certificate"
+        );
+        assert_eq!(
+            a.server_spki_sha256().unwrap(),
+            b.server_spki_sha256().unwrap(),
+            "the key an install line pins"
+        );
+    }
 
     #[test]
     fn ca_signs_machine_csr_with_role() {
