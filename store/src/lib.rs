@@ -85,30 +85,8 @@ pub const MAX_LIST: usize = 10_000;
 #[derive(Clone)]
 pub struct Store {
     kv: Arc<dyn Backend>,
-    group: Arc<GroupFlush>,
     /// Machine → commands in its queue, for machines counted so far.
     pending_counts: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
-}
-
-/// Group commit's bookkeeping: flushes are numbered as they start; `done`
-/// announces the last one finished and its error.
-#[derive(Default)]
-struct GroupFlush {
-    state: std::sync::Mutex<FlushState>,
-    done: tokio::sync::watch::Sender<(u64, Option<String>)>,
-}
-
-#[derive(Default)]
-struct FlushState {
-    started: u64,
-    running: bool,
-}
-
-impl GroupFlush {
-    fn lock(&self) -> std::sync::MutexGuard<'_, FlushState> {
-        // The state is two plain fields: a panic elsewhere leaves it usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 /// How long a flush may take before the log says so (and again each time).
@@ -118,7 +96,6 @@ impl Store {
     pub fn new(kv: Arc<dyn Backend>) -> Self {
         Self {
             kv,
-            group: Arc::default(),
             pending_counts: Arc::default(),
         }
     }
@@ -133,50 +110,7 @@ impl Store {
         self.kv.flush()
     }
 
-    /// Makes all writes made before the call durable. Concurrent callers
-    /// share flushes (group commit): a caller waits for the first flush
-    /// that starts after its call, and starts one itself only when none is
-    /// running, so N writers under load pay for a few flushes, not N.
     pub async fn flush_async(&self) -> Result<()> {
-        let g = &self.group;
-        let mut done = g.done.subscribe();
-        // A flush already running may have started before our writes: ours
-        // is the next one.
-        let target = g.lock().started + 1;
-        loop {
-            {
-                let (gen, err) = &*done.borrow_and_update();
-                if *gen >= target {
-                    return match err {
-                        None => Ok(()),
-                        Some(e) => Err(StoreError::Io(e.clone())),
-                    };
-                }
-            }
-            let lead = {
-                let mut s = g.lock();
-                (!s.running).then(|| {
-                    s.running = true;
-                    s.started += 1;
-                    s.started
-                })
-            };
-            if let Some(gen) = lead {
-                let r = self.flush_now().await;
-                // Not running before announcing: a waiter woken by the
-                // announcement must find it can lead the next flush.
-                g.lock().running = false;
-                let err = r.as_ref().err().map(ToString::to_string);
-                g.done.send_replace((gen, err));
-                return r;
-            }
-            if done.changed().await.is_err() {
-                return self.flush_now().await;
-            }
-        }
-    }
-
-    async fn flush_now(&self) -> Result<()> {
         let kv = self.kv.clone();
         let started = std::time::Instant::now();
         let mut task = tokio::task::spawn_blocking(move || kv.flush());
