@@ -106,10 +106,6 @@ pub fn take_request(dir: &Path) -> Option<Request> {
     serde_json::from_slice(&bytes).ok()
 }
 
-pub fn pending_request(dir: &Path) -> bool {
-    dir.join(REQUEST_FILE).exists()
-}
-
 pub fn state(dir: &Path) -> Option<State> {
     serde_json::from_slice(&std::fs::read(dir.join(STATE_FILE)).ok()?).ok()
 }
