@@ -85,8 +85,30 @@ pub const MAX_LIST: usize = 10_000;
 #[derive(Clone)]
 pub struct Store {
     kv: Arc<dyn Backend>,
+    group: Arc<GroupFlush>,
     /// Machine → commands in its queue, for machines counted so far.
     pending_counts: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+/// Group commit's bookkeeping: flushes are numbered as they start; `done`
+/// announces the last one finished and its error.
+#[derive(Default)]
+struct GroupFlush {
+    state: std::sync::Mutex<FlushState>,
+    done: tokio::sync::watch::Sender<(u64, Option<String>)>,
+}
+
+#[derive(Default)]
+struct FlushState {
+    started: u64,
+    running: bool,
+}
+
+impl GroupFlush {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FlushState> {
+        // The state is two plain fields: a panic elsewhere leaves it usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// How long a flush may take before the log says so (and again each time).
@@ -96,6 +118,7 @@ impl Store {
     pub fn new(kv: Arc<dyn Backend>) -> Self {
         Self {
             kv,
+            group: Arc::default(),
             pending_counts: Arc::default(),
         }
     }
@@ -110,27 +133,79 @@ impl Store {
         self.kv.flush()
     }
 
+    /// Makes all writes made before the call durable. Concurrent callers
+    /// share flushes (group commit): a caller waits for the first flush
+    /// that starts after its call, and starts one only when none is
+    /// running, so N writers under load pay for a few flushes, not N.
+    ///
+    /// The flush and its announcement run in a task of their own: a caller
+    /// dropped mid-flush (a client that went away, a timeout, a `select!`)
+    /// must not leave the others waiting for an announcement that never
+    /// comes.
     pub async fn flush_async(&self) -> Result<()> {
-        let kv = self.kv.clone();
-        let started = std::time::Instant::now();
-        let mut task = tokio::task::spawn_blocking(move || kv.flush());
+        let g = &self.group;
+        let mut done = g.done.subscribe();
+        // A flush already running may have started before our writes: ours
+        // is the next one.
+        let target = g.lock().started + 1;
         loop {
-            tokio::select! {
-                r = &mut task => {
-                    return r.map_err(|e| StoreError::Io(format!("flush task failed: {e}")))?;
+            {
+                let (gen, err) = &*done.borrow_and_update();
+                if *gen >= target {
+                    return match err {
+                        None => Ok(()),
+                        Some(e) => Err(StoreError::Io(e.clone())),
+                    };
                 }
-                _ = tokio::time::sleep(SLOW_FLUSH) => {
-                    // A disk that stalls (or a store that hangs) shows in
-                    // the log rather than as silence.
-                    tracing::warn!(
-                        secs = started.elapsed().as_secs(),
-                        "the store's flush has not finished yet"
-                    );
-                }
+            }
+            let lead = {
+                let mut s = g.lock();
+                (!s.running).then(|| {
+                    s.running = true;
+                    s.started += 1;
+                    s.started
+                })
+            };
+            if let Some(gen) = lead {
+                let (kv, g) = (self.kv.clone(), self.group.clone());
+                tokio::spawn(async move {
+                    let r = flush_logged(kv).await;
+                    // Not running before announcing: a waiter woken by the
+                    // announcement must find it can lead the next flush.
+                    g.lock().running = false;
+                    g.done.send_replace((gen, r.err().map(|e| e.to_string())));
+                });
+            }
+            // `g` holds the sender, so the channel outlives this wait.
+            if done.changed().await.is_err() {
+                return Err(StoreError::Io("the store was closed mid-flush".into()));
             }
         }
     }
+}
 
+/// One flush on a blocking thread, logged while it is slow.
+async fn flush_logged(kv: Arc<dyn Backend>) -> Result<()> {
+    let started = std::time::Instant::now();
+    let mut task = tokio::task::spawn_blocking(move || kv.flush());
+    loop {
+        tokio::select! {
+        r = &mut task => {
+            return r.map_err(|e| StoreError::Io(format!("flush task failed: {e}")))?;
+        }
+            _ = tokio::time::sleep(SLOW_FLUSH) => {
+                // A disk that stalls (or a store that hangs) shows in
+                // the log rather than as silence.
+                tracing::warn!(
+                    secs = started.elapsed().as_secs(),
+                    "the store's flush has not finished yet"
+                );
+            }
+        }
+    }
+}
+
+impl Store {
     pub(crate) fn get_msg<M: Message + Default>(
         &self,
         space: Space,

@@ -321,3 +321,139 @@ fn machine_names_are_unique() {
     assert_eq!(s.resolve_machine("desk").unwrap().unwrap().id, "mch_b");
     assert!(s.resolve_machine("lap-2").unwrap().is_none());
 }
+
+/// A backend whose flushes are slow and recorded (start and end), so the
+/// group commit's promise can be checked: every caller returns only after a
+/// flush that started after its call ended.
+struct SlowFlushes {
+    inner: SledBackend,
+    t0: std::time::Instant,
+    flushes: std::sync::Mutex<Vec<(u128, u128)>>,
+}
+
+impl Backend for SlowFlushes {
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.inner.get(space, key)
+    }
+    fn put(&self, space: Space, key: &[u8], value: &[u8]) -> Result<()> {
+        self.inner.put(space, key, value)
+    }
+    fn delete(&self, space: Space, key: &[u8]) -> Result<()> {
+        self.inner.delete(space, key)
+    }
+    fn compare_and_swap(
+        &self,
+        space: Space,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        self.inner.compare_and_swap(space, key, old, new)
+    }
+    fn range(
+        &self,
+        space: Space,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        reverse: bool,
+        limit: usize,
+    ) -> Result<Vec<Kv>> {
+        self.inner.range(space, start, end, reverse, limit)
+    }
+    fn keys(&self, space: Space) -> Result<Vec<Vec<u8>>> {
+        self.inner.keys(space)
+    }
+    fn flush(&self) -> Result<()> {
+        let start = self.t0.elapsed().as_micros();
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        self.inner.flush()?;
+        let end = self.t0.elapsed().as_micros();
+        self.flushes.lock().unwrap().push((start, end));
+        Ok(())
+    }
+    fn batch(&self, ops: &[Op]) -> Result<()> {
+        self.inner.batch(ops)
+    }
+}
+
+#[test]
+fn concurrent_flushes_are_shared_and_each_covers_its_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = Arc::new(SlowFlushes {
+        inner: SledBackend::open(dir.path()).unwrap(),
+        t0: std::time::Instant::now(),
+        flushes: Default::default(),
+    });
+    let s = Store::new(kv.clone());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    const CALLERS: usize = 64;
+    let calls: Vec<(u128, u128)> = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..CALLERS {
+            let (s, kv) = (s.clone(), kv.clone());
+            tasks.push(tokio::spawn(async move {
+                // Spread the calls over a few flushes' time.
+                tokio::time::sleep(std::time::Duration::from_millis((i % 8) as u64 * 5)).await;
+                s.kv.put(Space::Tokens, format!("k{i}").as_bytes(), b"v")
+                    .unwrap();
+                let called = kv.t0.elapsed().as_micros();
+                s.flush_async().await.unwrap();
+                (called, kv.t0.elapsed().as_micros())
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    let flushes = kv.flushes.lock().unwrap().clone();
+    assert!(
+        flushes.len() < CALLERS / 4,
+        "{} flushes for {CALLERS} callers: not shared",
+        flushes.len()
+    );
+    for (called, returned) in calls {
+        assert!(
+            flushes.iter().any(|&(start, end)| start >= called && end <= returned),
+            "a caller at {called}µs returned at {returned}µs without a flush that started after it: {flushes:?}"
+        );
+    }
+}
+
+#[test]
+fn callers_dropped_mid_flush_do_not_strand_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = Arc::new(SlowFlushes {
+        inner: SledBackend::open(dir.path()).unwrap(),
+        t0: std::time::Instant::now(),
+        flushes: Default::default(),
+    });
+    let s = Store::new(kv.clone());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for round in 0..5 {
+            // Whoever leads this flush is cancelled 2 ms into its 15 ms.
+            let leader = s.clone();
+            let cancelled = tokio::time::timeout(std::time::Duration::from_millis(2), async move {
+                leader.flush_async().await
+            })
+            .await;
+            assert!(cancelled.is_err(), "round {round}: the flush was not slow");
+            // A caller after it must still get a flush, promptly.
+            tokio::time::timeout(std::time::Duration::from_secs(5), s.flush_async())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: stranded by a dropped caller"))
+                .unwrap();
+        }
+    });
+    assert!(kv.flushes.lock().unwrap().len() >= 5);
+}
