@@ -25,7 +25,10 @@ mod commands;
 mod idempotency;
 mod machines;
 mod outbox;
+mod pg_backend;
 mod sled_backend;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod tokens;
 
 pub use outbox::OUTBOX_QUEUE_LIMIT;
@@ -40,6 +43,7 @@ use std::sync::Arc;
 use prost::Message;
 
 pub use backend::{Backend, Kv, Op, Space};
+pub use pg_backend::{PgBackend, SCHEMA_VERSION};
 pub use sled_backend::SledBackend;
 
 #[derive(Debug, thiserror::Error)]

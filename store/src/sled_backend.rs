@@ -82,6 +82,9 @@ impl Backend for SledBackend {
         reverse: bool,
         limit: usize,
     ) -> Result<Vec<Kv>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let iter = self.tree(space).range::<&[u8], _>((start, end));
         let mut out = Vec::new();
         let mut push = |r: sled::Result<(sled::IVec, sled::IVec)>| -> Result<bool> {
@@ -117,6 +120,10 @@ impl Backend for SledBackend {
     }
     fn batch(&self, ops: &[Op]) -> Result<()> {
         use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+        // sled panics on a transaction over no trees.
+        if ops.is_empty() {
+            return Ok(());
+        }
         let spaces: Vec<Space> = {
             let mut v: Vec<Space> = ops.iter().map(|o| o.space).collect();
             v.sort_by_key(|s| s.name());

@@ -2,12 +2,37 @@ use std::sync::Arc;
 
 use byom_protocol::pb::{self, CommandState};
 
+use crate::pg_backend::POOL_SIZE;
 use crate::*;
 
-fn store() -> (tempfile::TempDir, Store) {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Store::open_sled(dir.path()).unwrap();
-    (dir, s)
+/// Where a test's store lives; `open` may be called again to see what a
+/// fresh server would.
+enum Fixture {
+    Sled(tempfile::TempDir),
+    Postgres {
+        /// Kept running for the test.
+        _cluster: crate::testing::PgCluster,
+        url: String,
+    },
+}
+
+impl Fixture {
+    fn open(&self) -> Store {
+        match self {
+            Fixture::Sled(d) => Store::open_sled(d.path()).unwrap(),
+            Fixture::Postgres { url, .. } => Store::new(Arc::new(PgBackend::connect(url).unwrap())),
+        }
+    }
+}
+
+/// Runs `test` on each backend: the store's behaviour must not depend on it.
+fn both(test: impl Fn(&Fixture)) {
+    eprintln!("on sled");
+    test(&Fixture::Sled(tempfile::tempdir().unwrap()));
+    eprintln!("on PostgreSQL");
+    let pg = crate::testing::PgCluster::start();
+    let url = pg.url("byom");
+    test(&Fixture::Postgres { _cluster: pg, url });
 }
 
 fn cmd(id: &str, machine: &str) -> pb::Command {
@@ -23,303 +48,325 @@ fn cmd(id: &str, machine: &str) -> pb::Command {
 /// agents start several at once): none may be dropped from it.
 #[test]
 fn commands_created_while_the_queue_is_read_stay_queued() {
-    let (_d, s) = store();
-    let s = Arc::new(s);
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let (s, done) = (s.clone(), done.clone());
-        std::thread::spawn(move || {
-            let t = std::time::Instant::now();
-            while !done.load(std::sync::atomic::Ordering::SeqCst)
-                && t.elapsed() < std::time::Duration::from_secs(30)
-            {
-                s.pending_commands("mch_a").unwrap();
-            }
-        })
-    };
-    let writers: Vec<_> = (0..4)
-        .map(|w| {
-            let s = s.clone();
+    both(|f| {
+        let s = f.open();
+        let s = Arc::new(s);
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (s, done) = (s.clone(), done.clone());
             std::thread::spawn(move || {
-                for i in 0..250 {
-                    s.create_command(&cmd(&format!("cmd_{w}_{i:03}"), "mch_a"), &[])
-                        .unwrap();
+                let t = std::time::Instant::now();
+                while !done.load(std::sync::atomic::Ordering::SeqCst)
+                    && t.elapsed() < std::time::Duration::from_secs(30)
+                {
+                    s.pending_commands("mch_a").unwrap();
                 }
             })
-        })
-        .collect();
-    for w in writers {
-        w.join().unwrap();
-    }
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    reader.join().unwrap();
-    assert_eq!(s.pending_commands("mch_a").unwrap().len(), 1000);
-    assert_eq!(s.pending_count("mch_a").unwrap(), 1000, "the count kept up");
+        };
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..250 {
+                        s.create_command(&cmd(&format!("cmd_{w}_{i:03}"), "mch_a"), &[])
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        reader.join().unwrap();
+        assert_eq!(s.pending_commands("mch_a").unwrap().len(), 1000);
+        assert_eq!(s.pending_count("mch_a").unwrap(), 1000, "the count kept up");
+    });
 }
 
 /// The queue count follows creates and ends without reading the queue,
 /// and a fresh store counts what is there.
 #[test]
 fn the_queue_count_follows_commands_in_and_out() {
-    let (d, s) = store();
-    assert_eq!(s.pending_count("mch_a").unwrap(), 0);
-    for i in 0..5 {
-        s.create_command(&cmd(&format!("cmd_{i}"), "mch_a"), &[])
-            .unwrap();
-    }
-    s.create_command(&cmd("cmd_b", "mch_b"), &[]).unwrap();
-    assert_eq!(s.pending_count("mch_a").unwrap(), 5);
-    for id in ["cmd_0", "cmd_1"] {
-        s.transition(id, &[CommandState::Queued], CommandState::Cancelled, |_| {})
-            .unwrap();
-    }
-    // Ending an ended command again changes nothing.
-    s.update_command("cmd_0", |_| Ok(())).unwrap();
-    assert_eq!(s.pending_count("mch_a").unwrap(), 3);
-    assert_eq!(s.pending_count("mch_b").unwrap(), 1);
-    s.flush().unwrap();
-    drop(s);
-    let s = Store::open_sled(d.path()).unwrap();
-    assert_eq!(s.pending_count("mch_a").unwrap(), 3);
+    both(|f| {
+        let s = f.open();
+        assert_eq!(s.pending_count("mch_a").unwrap(), 0);
+        for i in 0..5 {
+            s.create_command(&cmd(&format!("cmd_{i}"), "mch_a"), &[])
+                .unwrap();
+        }
+        s.create_command(&cmd("cmd_b", "mch_b"), &[]).unwrap();
+        assert_eq!(s.pending_count("mch_a").unwrap(), 5);
+        for id in ["cmd_0", "cmd_1"] {
+            s.transition(id, &[CommandState::Queued], CommandState::Cancelled, |_| {})
+                .unwrap();
+        }
+        // Ending an ended command again changes nothing.
+        s.update_command("cmd_0", |_| Ok(())).unwrap();
+        assert_eq!(s.pending_count("mch_a").unwrap(), 3);
+        assert_eq!(s.pending_count("mch_b").unwrap(), 1);
+        s.flush().unwrap();
+        drop(s);
+        let s = f.open();
+        assert_eq!(s.pending_count("mch_a").unwrap(), 3);
+    });
 }
 
 #[test]
 fn idempotency_records_are_kept_then_forgotten() {
-    let (_d, s) = store();
-    for (k, at) in [("command/admin:a/k1", 100), ("command/admin:a/k2", 300)] {
-        let r = pb::IdempotencyRecord {
-            object_id: format!("cmd_{k}"),
-            created_at_ms: at,
-            ..Default::default()
-        };
-        s.batch(&[Op::idempotency(k, &r)]).unwrap();
-    }
-    assert_eq!(
-        s.get_idempotency("command/admin:a/k1")
-            .unwrap()
-            .unwrap()
-            .object_id,
-        "cmd_command/admin:a/k1"
-    );
-    assert_eq!(s.expire_idempotency(200, usize::MAX).unwrap(), 1);
-    assert!(s.get_idempotency("command/admin:a/k1").unwrap().is_none());
-    assert!(s.get_idempotency("command/admin:a/k2").unwrap().is_some());
+    both(|f| {
+        let s = f.open();
+        for (k, at) in [("command/admin:a/k1", 100), ("command/admin:a/k2", 300)] {
+            let r = pb::IdempotencyRecord {
+                object_id: format!("cmd_{k}"),
+                created_at_ms: at,
+                ..Default::default()
+            };
+            s.batch(&[Op::idempotency(k, &r)]).unwrap();
+        }
+        assert_eq!(
+            s.get_idempotency("command/admin:a/k1")
+                .unwrap()
+                .unwrap()
+                .object_id,
+            "cmd_command/admin:a/k1"
+        );
+        assert_eq!(s.expire_idempotency(200, usize::MAX).unwrap(), 1);
+        assert!(s.get_idempotency("command/admin:a/k1").unwrap().is_none());
+        assert!(s.get_idempotency("command/admin:a/k2").unwrap().is_some());
+    });
 }
 
 /// Messages arriving at once on a new thread all land on one thread.
 #[test]
 fn a_thread_named_by_many_at_once_is_one_thread() {
-    let (_d, s) = store();
-    let s = Arc::new(s);
-    for round in 0..50 {
-        let external = format!("t{round}");
-        let ids: Vec<String> = (0..6)
-            .map(|i| {
-                let (s, external) = (s.clone(), external.clone());
-                std::thread::spawn(move || {
-                    if let Some(t) = s.find_thread("chat", &external).unwrap() {
-                        return t.id;
-                    }
-                    let t = pb::Thread {
-                        id: format!("thr_{round}_{i}"),
-                        source: "chat".into(),
-                        external,
-                        ..Default::default()
-                    };
-                    s.create_thread(&t).unwrap().id
+    both(|f| {
+        let s = f.open();
+        let s = Arc::new(s);
+        for round in 0..50 {
+            let external = format!("t{round}");
+            let ids: Vec<String> = (0..6)
+                .map(|i| {
+                    let (s, external) = (s.clone(), external.clone());
+                    std::thread::spawn(move || {
+                        if let Some(t) = s.find_thread("chat", &external).unwrap() {
+                            return t.id;
+                        }
+                        let t = pb::Thread {
+                            id: format!("thr_{round}_{i}"),
+                            source: "chat".into(),
+                            external,
+                            ..Default::default()
+                        };
+                        s.create_thread(&t).unwrap().id
+                    })
                 })
-            })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .collect();
-        assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
-    }
-    // The losers' records are gone: one thread per name.
-    assert_eq!(s.list_threads(1000).unwrap().len(), 50);
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect();
+            assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+        }
+        // The losers' records are gone: one thread per name.
+        assert_eq!(s.list_threads(1000).unwrap().len(), 50);
+    });
 }
 
 #[test]
 fn snapshot_ids_list_every_snapshot() {
-    let (_d, s) = store();
-    s.put_snapshot("snp_b", &[7u8; 100_000]).unwrap();
-    s.put_snapshot("snp_a", b"x").unwrap();
-    assert_eq!(s.snapshot_ids().unwrap(), ["snp_a", "snp_b"]);
-    s.delete_snapshot("snp_a").unwrap();
-    assert_eq!(s.snapshot_ids().unwrap(), ["snp_b"]);
+    both(|f| {
+        let s = f.open();
+        s.put_snapshot("snp_b", &[7u8; 100_000]).unwrap();
+        s.put_snapshot("snp_a", b"x").unwrap();
+        assert_eq!(s.snapshot_ids().unwrap(), ["snp_a", "snp_b"]);
+        s.delete_snapshot("snp_a").unwrap();
+        assert_eq!(s.snapshot_ids().unwrap(), ["snp_b"]);
+    });
 }
 
 #[test]
 fn batch_writes_and_deletes_across_spaces_at_once() {
-    let (_d, s) = store();
-    s.batch(&[
-        Op::put(Space::Agents, b"i/1".to_vec(), b"ev".to_vec()),
-        Op::put(Space::Agents, b"r/router".to_vec(), b"{}".to_vec()),
-    ])
-    .unwrap();
-    let t = pb::Trigger {
-        id: "trg_x".into(),
-        ..Default::default()
-    };
-    s.batch(&[
-        Op::trigger(&t),
-        Op::put(Space::Agents, b"r/wrk_1".to_vec(), b"{}".to_vec()),
-        Op::delete(Space::Agents, b"i/1".to_vec()),
-    ])
-    .unwrap();
-    assert!(s.get_trigger("trg_x").unwrap().is_some());
-    assert!(s.scan_prefix(Space::Agents, "i/", 10).unwrap().is_empty());
-    let keys: Vec<String> = s
-        .scan_prefix(Space::Agents, "r/", 10)
-        .unwrap()
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
-    assert_eq!(keys, ["router", "wrk_1"]);
-    s.batch(&[]).unwrap();
+    both(|f| {
+        let s = f.open();
+        s.batch(&[
+            Op::put(Space::Agents, b"i/1".to_vec(), b"ev".to_vec()),
+            Op::put(Space::Agents, b"r/router".to_vec(), b"{}".to_vec()),
+        ])
+        .unwrap();
+        let t = pb::Trigger {
+            id: "trg_x".into(),
+            ..Default::default()
+        };
+        s.batch(&[
+            Op::trigger(&t),
+            Op::put(Space::Agents, b"r/wrk_1".to_vec(), b"{}".to_vec()),
+            Op::delete(Space::Agents, b"i/1".to_vec()),
+        ])
+        .unwrap();
+        assert!(s.get_trigger("trg_x").unwrap().is_some());
+        assert!(s.scan_prefix(Space::Agents, "i/", 10).unwrap().is_empty());
+        let keys: Vec<String> = s
+            .scan_prefix(Space::Agents, "r/", 10)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, ["router", "wrk_1"]);
+        s.batch(&[]).unwrap();
+    });
 }
 
 #[test]
 fn command_transitions_are_checked() {
-    let (_d, s) = store();
-    s.create_command(&cmd("cmd_a", "mch_a"), &[]).unwrap();
-    assert_eq!(s.pending_commands("mch_a").unwrap().len(), 1);
-    let err = s
-        .update_command("cmd_a", |c| {
-            c.set_state(CommandState::Exited);
-            Ok(())
-        })
-        .unwrap_err();
-    assert!(matches!(err, StoreError::IllegalTransition { .. }));
-    let c = s
-        .transition(
+    both(|f| {
+        let s = f.open();
+        s.create_command(&cmd("cmd_a", "mch_a"), &[]).unwrap();
+        assert_eq!(s.pending_commands("mch_a").unwrap().len(), 1);
+        let err = s
+            .update_command("cmd_a", |c| {
+                c.set_state(CommandState::Exited);
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(matches!(err, StoreError::IllegalTransition { .. }));
+        let c = s
+            .transition(
+                "cmd_a",
+                &[CommandState::Queued],
+                CommandState::Dispatched,
+                |_| {},
+            )
+            .unwrap();
+        assert!(c.is_some());
+        // A second dispatcher loses the race.
+        let c = s
+            .transition(
+                "cmd_a",
+                &[CommandState::Queued],
+                CommandState::Dispatched,
+                |_| {},
+            )
+            .unwrap();
+        assert!(c.is_none());
+        s.transition(
             "cmd_a",
-            &[CommandState::Queued],
-            CommandState::Dispatched,
+            &[CommandState::Dispatched],
+            CommandState::Lost,
             |_| {},
         )
         .unwrap();
-    assert!(c.is_some());
-    // A second dispatcher loses the race.
-    let c = s
-        .transition(
-            "cmd_a",
-            &[CommandState::Queued],
-            CommandState::Dispatched,
-            |_| {},
-        )
-        .unwrap();
-    assert!(c.is_none());
-    s.transition(
-        "cmd_a",
-        &[CommandState::Dispatched],
-        CommandState::Lost,
-        |_| {},
-    )
-    .unwrap();
-    assert!(s.pending_commands("mch_a").unwrap().is_empty());
+        assert!(s.pending_commands("mch_a").unwrap().is_empty());
+    });
 }
 
 #[test]
 fn list_commands_filters_newest_first() {
-    let (_d, s) = store();
-    for (i, m) in ["mch_a", "mch_b", "mch_a"].iter().enumerate() {
-        let mut c = cmd(&format!("cmd_{i}"), m);
-        c.created_at_ms = 100 * (i as u64 + 1);
-        s.create_command(&c, &[]).unwrap();
-    }
-    let ids = |v: Vec<pb::Command>| v.into_iter().map(|c| c.id).collect::<Vec<_>>();
-    assert_eq!(
-        ids(s.list_commands(None, None, 0, 10).unwrap()),
-        ["cmd_2", "cmd_1", "cmd_0"]
-    );
-    assert_eq!(
-        ids(s.list_commands(Some("mch_a"), None, 0, 10).unwrap()),
-        ["cmd_2", "cmd_0"]
-    );
-    assert_eq!(
-        ids(s.list_commands(None, None, 200, 10).unwrap()),
-        ["cmd_2", "cmd_1"]
-    );
-    assert_eq!(
-        ids(s
-            .list_commands(None, Some(CommandState::Queued), 0, 1)
-            .unwrap()),
-        ["cmd_2"]
-    );
-    assert!(s
-        .list_commands(None, Some(CommandState::Exited), 0, 10)
-        .unwrap()
-        .is_empty());
+    both(|f| {
+        let s = f.open();
+        for (i, m) in ["mch_a", "mch_b", "mch_a"].iter().enumerate() {
+            let mut c = cmd(&format!("cmd_{i}"), m);
+            c.created_at_ms = 100 * (i as u64 + 1);
+            s.create_command(&c, &[]).unwrap();
+        }
+        let ids = |v: Vec<pb::Command>| v.into_iter().map(|c| c.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(s.list_commands(None, None, 0, 10).unwrap()),
+            ["cmd_2", "cmd_1", "cmd_0"]
+        );
+        assert_eq!(
+            ids(s.list_commands(Some("mch_a"), None, 0, 10).unwrap()),
+            ["cmd_2", "cmd_0"]
+        );
+        assert_eq!(
+            ids(s.list_commands(None, None, 200, 10).unwrap()),
+            ["cmd_2", "cmd_1"]
+        );
+        assert_eq!(
+            ids(s
+                .list_commands(None, Some(CommandState::Queued), 0, 1)
+                .unwrap()),
+            ["cmd_2"]
+        );
+        assert!(s
+            .list_commands(None, Some(CommandState::Exited), 0, 10)
+            .unwrap()
+            .is_empty());
+    });
 }
 
 #[test]
 fn output_offsets() {
-    let (_d, s) = store();
-    s.append_output("cmd_a", 1, 0, b"hello ").unwrap();
-    s.append_output("cmd_a", 1, 6, b"world").unwrap();
-    s.append_output("cmd_a", 2, 0, b"err").unwrap();
-    assert_eq!(s.output_len("cmd_a", 1).unwrap(), 11);
-    assert_eq!(s.output_len("cmd_a", 2).unwrap(), 3);
-    assert_eq!(s.output_len("cmd_b", 1).unwrap(), 0);
-    let got = s.read_output("cmd_a", 1, 3, 100).unwrap();
-    assert_eq!(got, vec![(3, b"lo ".to_vec()), (6, b"world".to_vec())]);
-    assert!(s.read_output("cmd_a", 1, 11, 100).unwrap().is_empty());
+    both(|f| {
+        let s = f.open();
+        s.append_output("cmd_a", 1, 0, b"hello ").unwrap();
+        s.append_output("cmd_a", 1, 6, b"world").unwrap();
+        s.append_output("cmd_a", 2, 0, b"err").unwrap();
+        assert_eq!(s.output_len("cmd_a", 1).unwrap(), 11);
+        assert_eq!(s.output_len("cmd_a", 2).unwrap(), 3);
+        assert_eq!(s.output_len("cmd_b", 1).unwrap(), 0);
+        let got = s.read_output("cmd_a", 1, 3, 100).unwrap();
+        assert_eq!(got, vec![(3, b"lo ".to_vec()), (6, b"world".to_vec())]);
+        assert!(s.read_output("cmd_a", 1, 11, 100).unwrap().is_empty());
+    });
 }
 
 #[test]
 fn token_redeemed_once() {
-    let (_d, s) = store();
-    let t = pb::Token {
-        id: "tok_a".into(),
-        secret_sha256: "h".into(),
-        expires_at_ms: 100,
-        ..Default::default()
-    };
-    s.create_token(&t, &[]).unwrap();
-    assert_eq!(
-        s.redeem_token("x", "mch_a", 1).unwrap(),
-        Err(RedeemError::Unknown)
-    );
-    assert!(s.redeem_token("h", "mch_a", 1).unwrap().is_ok());
-    assert_eq!(
-        s.redeem_token("h", "mch_b", 2).unwrap(),
-        Err(RedeemError::Used)
-    );
-    let t2 = pb::Token {
-        id: "tok_b".into(),
-        secret_sha256: "h2".into(),
-        expires_at_ms: 100,
-        ..Default::default()
-    };
-    s.create_token(&t2, &[]).unwrap();
-    assert_eq!(
-        s.redeem_token("h2", "mch_a", 100).unwrap(),
-        Err(RedeemError::Expired)
-    );
+    both(|f| {
+        let s = f.open();
+        let t = pb::Token {
+            id: "tok_a".into(),
+            secret_sha256: "h".into(),
+            expires_at_ms: 100,
+            ..Default::default()
+        };
+        s.create_token(&t, &[]).unwrap();
+        assert_eq!(
+            s.redeem_token("x", "mch_a", 1).unwrap(),
+            Err(RedeemError::Unknown)
+        );
+        assert!(s.redeem_token("h", "mch_a", 1).unwrap().is_ok());
+        assert_eq!(
+            s.redeem_token("h", "mch_b", 2).unwrap(),
+            Err(RedeemError::Used)
+        );
+        let t2 = pb::Token {
+            id: "tok_b".into(),
+            secret_sha256: "h2".into(),
+            expires_at_ms: 100,
+            ..Default::default()
+        };
+        s.create_token(&t2, &[]).unwrap();
+        assert_eq!(
+            s.redeem_token("h2", "mch_a", 100).unwrap(),
+            Err(RedeemError::Expired)
+        );
+    });
 }
 
 #[test]
 fn machine_names_are_unique() {
-    let (_d, s) = store();
-    let mut a = pb::Machine {
-        id: "mch_a".into(),
-        name: "lap".into(),
-        ..Default::default()
-    };
-    let mut b = pb::Machine {
-        id: "mch_b".into(),
-        name: "lap".into(),
-        ..Default::default()
-    };
-    s.create_machine(&mut a).unwrap();
-    s.create_machine(&mut b).unwrap();
-    assert_eq!(b.name, "lap-2");
-    assert_eq!(s.resolve_machine("lap-2").unwrap().unwrap().id, "mch_b");
-    assert!(s.rename_machine("mch_b", "lap").is_err());
-    s.rename_machine("mch_b", "desk").unwrap();
-    assert_eq!(s.resolve_machine("desk").unwrap().unwrap().id, "mch_b");
-    assert!(s.resolve_machine("lap-2").unwrap().is_none());
+    both(|f| {
+        let s = f.open();
+        let mut a = pb::Machine {
+            id: "mch_a".into(),
+            name: "lap".into(),
+            ..Default::default()
+        };
+        let mut b = pb::Machine {
+            id: "mch_b".into(),
+            name: "lap".into(),
+            ..Default::default()
+        };
+        s.create_machine(&mut a).unwrap();
+        s.create_machine(&mut b).unwrap();
+        assert_eq!(b.name, "lap-2");
+        assert_eq!(s.resolve_machine("lap-2").unwrap().unwrap().id, "mch_b");
+        assert!(s.rename_machine("mch_b", "lap").is_err());
+        s.rename_machine("mch_b", "desk").unwrap();
+        assert_eq!(s.resolve_machine("desk").unwrap().unwrap().id, "mch_b");
+        assert!(s.resolve_machine("lap-2").unwrap().is_none());
+    });
 }
 
 /// A backend whose flushes are slow and recorded (start and end), so the
@@ -456,4 +503,174 @@ fn callers_dropped_mid_flush_do_not_strand_the_others() {
         }
     });
     assert!(kv.flushes.lock().unwrap().len() >= 5);
+}
+
+/// The same random operations on sled and on PostgreSQL give the same
+/// answers: the PostgreSQL backend meets the contract sled defines.
+#[test]
+fn postgres_answers_as_sled_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let sled = SledBackend::open(dir.path()).unwrap();
+    let cluster = crate::testing::PgCluster::start();
+    let pg = PgBackend::connect(&cluster.url("diff")).unwrap();
+    fastrand::seed(7);
+    // Few keys, some sharing prefixes and bytes above 0x7f, so that ranges,
+    // CAS and batches collide often.
+    let key = || -> Vec<u8> {
+        let n = fastrand::usize(0..4);
+        (0..n)
+            .map(|_| *fastrand::choice(&[0u8, 1, b'a', b'b', 0x80, 0xff]).unwrap())
+            .collect()
+    };
+    let spaces = [Space::Commands, Space::Pending, Space::Output];
+    for step in 0..1500 {
+        let space = *fastrand::choice(&spaces).unwrap();
+        let k = key();
+        let v = vec![fastrand::u8(..); fastrand::usize(0..3)];
+        let what = fastrand::u8(0..7);
+        let mut dbg = String::new();
+        let bound = |k: Vec<u8>| -> Bound<Vec<u8>> {
+            match fastrand::u8(0..3) {
+                0 => Bound::Unbounded,
+                1 => Bound::Included(k),
+                _ => Bound::Excluded(k),
+            }
+        };
+        let (a, b) = match what {
+            0 => (
+                format!("{:?}", sled.get(space, &k)),
+                format!("{:?}", pg.get(space, &k)),
+            ),
+            1 => (
+                format!("{:?}", sled.put(space, &k, &v)),
+                format!("{:?}", pg.put(space, &k, &v)),
+            ),
+            2 => (
+                format!("{:?}", sled.delete(space, &k)),
+                format!("{:?}", pg.delete(space, &k)),
+            ),
+            3 => {
+                let old = sled.get(space, &k).unwrap();
+                // Half the time the right old value, else a guess.
+                let old = if fastrand::bool() {
+                    old
+                } else {
+                    fastrand::bool().then(|| v.clone())
+                };
+                let new = fastrand::bool().then(|| vec![fastrand::u8(..)]);
+                (
+                    format!(
+                        "{:?}",
+                        sled.compare_and_swap(space, &k, old.as_deref(), new.as_deref())
+                    ),
+                    format!(
+                        "{:?}",
+                        pg.compare_and_swap(space, &k, old.as_deref(), new.as_deref())
+                    ),
+                )
+            }
+            4 => {
+                let (s, e) = (bound(k.clone()), bound(key()));
+                let (rev, limit) = (fastrand::bool(), fastrand::usize(0..6));
+                dbg = format!("{s:?} {e:?} reverse {rev} limit {limit}");
+                fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+                    match b {
+                        Bound::Unbounded => Bound::Unbounded,
+                        Bound::Included(k) => Bound::Included(&k[..]),
+                        Bound::Excluded(k) => Bound::Excluded(&k[..]),
+                    }
+                }
+                (
+                    format!(
+                        "{:?}",
+                        sled.range(space, as_ref(&s), as_ref(&e), rev, limit)
+                    ),
+                    format!("{:?}", pg.range(space, as_ref(&s), as_ref(&e), rev, limit)),
+                )
+            }
+            5 => (
+                format!("{:?}", sled.keys(space)),
+                format!("{:?}", pg.keys(space)),
+            ),
+            _ => {
+                let ops: Vec<Op> = (0..fastrand::usize(0..6))
+                    .map(|_| {
+                        let s = *fastrand::choice(&spaces).unwrap();
+                        if fastrand::bool() {
+                            Op::put(s, key(), vec![fastrand::u8(..)])
+                        } else {
+                            Op::delete(s, key())
+                        }
+                    })
+                    .collect();
+                (
+                    format!("{:?}", sled.batch(&ops)),
+                    format!("{:?}", pg.batch(&ops)),
+                )
+            }
+        };
+        assert_eq!(a, b, "step {step}: operation {what} on {space:?} key {k:?} ({dbg})");
+    }
+    pg.flush().unwrap();
+}
+
+#[test]
+fn postgres_refuses_a_newer_schema() {
+    let cluster = crate::testing::PgCluster::start();
+    let url = cluster.url("newer");
+    drop(PgBackend::connect(&url).unwrap());
+    // Twice is fine: migrations already applied are not applied again.
+    drop(PgBackend::connect(&url).unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c.batch_execute("UPDATE byom_schema SET version = version + 1")
+            .await
+            .unwrap();
+    });
+    let e = PgBackend::connect(&url)
+        .err()
+        .expect("a newer schema is refused");
+    assert!(e.to_string().contains("newer than this byom"), "{e}");
+}
+
+#[test]
+fn postgres_reconnects_after_the_database_drops_its_connections() {
+    let cluster = crate::testing::PgCluster::start();
+    let url = cluster.url("reconnect");
+    let pg = PgBackend::connect(&url).unwrap();
+    pg.put(Space::Tokens, b"k", b"v").unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c.batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = 'reconnect' AND pid <> pg_backend_pid()",
+        )
+        .await
+        .unwrap();
+    });
+    // A call may fail on a connection found dead, not more than once each.
+    let mut ok = 0;
+    for _ in 0..(POOL_SIZE * 2 + 2) {
+        if pg.get(Space::Tokens, b"k").ok().flatten().as_deref() == Some(&b"v"[..]) {
+            ok += 1;
+        }
+    }
+    assert!(
+        ok >= POOL_SIZE + 2,
+        "only {ok} reads succeeded after the reconnect"
+    );
 }

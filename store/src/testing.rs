@@ -1,0 +1,227 @@
+//! A private PostgreSQL cluster for tests and benchmarks: `initdb` in a
+//! temp dir, the server on a free loopback port, stopped on drop.
+//!
+//! PostgreSQL refuses to run as root, and tests here often do: as root the
+//! cluster runs as `nobody`. Its binaries come from `PATH` or Debian's
+//! `/usr/lib/postgresql/<version>/bin`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the cluster may take to start.
+const START_WITHIN: Duration = Duration::from_secs(60);
+
+pub struct PgCluster {
+    dir: tempfile::TempDir,
+    port: u16,
+    server: Child,
+}
+
+/// The directory holding `initdb` and `postgres`, if PostgreSQL is here.
+pub fn pg_bin_dir() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&path) {
+            if d.join("initdb").is_file() && d.join("postgres").is_file() {
+                return Some(d);
+            }
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").is_file().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, b)| b)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// `nobody`'s uid and gid when we are root (PostgreSQL refuses root).
+fn run_as() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root.then_some((65534, 65534))
+}
+
+fn command(bin: &Path, name: &str, as_user: Option<(u32, u32)>) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(bin.join(name));
+    if let Some((uid, gid)) = as_user {
+        // As root, std also drops the supplementary groups.
+        c.uid(uid).gid(gid);
+    }
+    c
+}
+
+impl PgCluster {
+    /// A cluster without fsync: for tests, where a crash of the machine is
+    /// not what is being tested.
+    pub fn start() -> PgCluster {
+        Self::start_with(false)
+    }
+
+    /// A cluster that fsyncs as a production one does: for benchmarks.
+    pub fn start_durable() -> PgCluster {
+        Self::start_with(true)
+    }
+
+    fn start_with(fsync: bool) -> PgCluster {
+        let bin = pg_bin_dir().expect(
+            "PostgreSQL is not installed (initdb not on PATH nor in /usr/lib/postgresql/*/bin): \
+             apt-get install postgresql",
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("byom-pg")
+            .tempdir()
+            .expect("temp dir");
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).expect("data dir");
+        let user = run_as();
+        if let Some((uid, gid)) = user {
+            for d in [dir.path(), &data] {
+                std::os::unix::fs::chown(d, Some(uid), Some(gid)).expect("chown the cluster dir");
+            }
+        }
+        let out = command(&bin, "initdb", user)
+            .args(["-D"])
+            .arg(&data)
+            .args([
+                "-U",
+                "byom",
+                "--auth=trust",
+                "-N",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ])
+            .current_dir(dir.path())
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("log")).expect("log file");
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(dir.path().join("log"), Some(uid), Some(gid)).expect("chown");
+        }
+        let mut cmd = command(&bin, "postgres", user);
+        cmd.arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-k"])
+            .arg(dir.path())
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", &format!("fsync={}", if fsync { "on" } else { "off" })])
+            .args(["-c", "max_connections=200"])
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe; a test process that dies
+            // (a panic with abort, kill -9) takes its cluster with it.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT);
+                    Ok(())
+                });
+            }
+        }
+        let server = cmd.spawn().expect("start postgres");
+        let mut c = PgCluster { dir, port, server };
+        let t = Instant::now();
+        loop {
+            let log = std::fs::read_to_string(c.dir.path().join("log")).unwrap_or_default();
+            if log.contains("ready to accept connections") {
+                break;
+            }
+            if let Ok(Some(status)) = c.server.try_wait() {
+                panic!("postgres exited ({status}) at start: {log}");
+            }
+            assert!(t.elapsed() < START_WITHIN, "postgres did not start: {log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL of database `db`, created if it does not exist.
+    pub fn url(&self, db: &str) -> String {
+        let url = format!("postgres://byom@127.0.0.1:{}/{db}", self.port);
+        let admin = format!("postgres://byom@127.0.0.1:{}/postgres", self.port);
+        let db = db.to_string();
+        // On a thread of its own: the caller may be inside a runtime.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+                        .await
+                        .expect("connect to the test cluster");
+                    tokio::spawn(conn);
+                    let exists = client
+                        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
+                        .await
+                        .expect("query");
+                    if exists.is_none() {
+                        client
+                            .batch_execute(&format!("CREATE DATABASE \"{db}\""))
+                            .await
+                            .expect("create database");
+                    }
+                })
+            })
+            .join()
+            .expect("create the database");
+        });
+        url
+    }
+
+    /// Stops the cluster now (as a crash would: immediate shutdown).
+    pub fn kill(&mut self) {
+        // SAFETY: a plain signal to our own child.
+        unsafe {
+            libc::kill(self.server.id() as i32, libc::SIGQUIT);
+        }
+        let _ = self.server.wait();
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        // Fast shutdown: abort sessions, stop cleanly.
+        // SAFETY: a plain signal to our own child.
+        unsafe {
+            libc::kill(self.server.id() as i32, libc::SIGINT);
+        }
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.server.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
