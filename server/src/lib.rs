@@ -31,16 +31,19 @@ mod idempotency;
 mod identity;
 mod live;
 mod machines;
+mod migrate;
 mod model;
 mod pki;
 mod startup;
 mod tls;
 mod triggers;
 mod trust;
+mod vault;
 mod webhook;
 
 pub use agents::programs::SandboxPrograms;
-pub use startup::{run, ModelOptions, ServerInfo, ServerOptions};
+pub use migrate::{migrate as migrate_store, MigrateReport};
+pub use startup::{redact_url, run, ModelOptions, ServerInfo, ServerOptions};
 
 /// Trigger ingest exactly as the server runs it, over a store the caller
 /// opened: for the benchmarks, which measure it against raw store writes.

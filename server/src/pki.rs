@@ -16,6 +16,8 @@ use rcgen::{
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
+use crate::vault::Vault;
+
 pub use byom_wire::{hex, now_ms, sha256, write_atomic};
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +30,8 @@ pub enum PkiError {
     BadCsr(String),
     #[error("bad certificate: {0}")]
     BadCert(String),
+    #[error(transparent)]
+    Vault(#[from] crate::vault::VaultError),
 }
 
 type Result<T> = std::result::Result<T, PkiError>;
@@ -133,37 +137,48 @@ pub struct Pki {
 }
 
 impl Pki {
-    /// Loads `<data>/pki`, creating the CA and server certificate on first
-    /// start, and (re)writes the admin credentials to `<data>/admin` if
+    /// Loads the CA and the server's credentials from `vault` (files under
+    /// `<data>/pki`, or sealed in a shared store), creating them on first
+    /// start, and (re)writes the admin credentials to `admin_dir` if
     /// missing or near expiry.
-    pub fn load_or_create(data_dir: &Path, server_names: &[String]) -> Result<Self> {
-        let dir = data_dir.join("pki");
-        let ca_key_path = dir.join("ca.key");
-        let ca_pem_path = dir.join("ca.pem");
-        let (ca_key, ca_pem) = if ca_key_path.exists() {
-            (
-                KeyPair::from_pem(&read(&ca_key_path)?)?,
-                read(&ca_pem_path)?,
-            )
-        } else {
-            let key = KeyPair::generate()?;
-            let mut params = CertificateParams::default();
-            let mut dn = DistinguishedName::new();
-            dn.push(DnType::CommonName, "byom CA");
-            params.distinguished_name = dn;
-            params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-            params.key_usages = vec![
-                KeyUsagePurpose::KeyCertSign,
-                KeyUsagePurpose::CrlSign,
-                KeyUsagePurpose::DigitalSignature,
-            ];
-            params.serial_number = Some(random_serial());
-            validity(&mut params, CA_TTL);
-            let cert = params.self_signed(&key)?;
-            write(&ca_key_path, &key.serialize_pem(), 0o600)?;
-            write(&ca_pem_path, &cert.pem(), 0o644)?;
-            (key, cert.pem())
+    pub fn load_or_create(
+        vault: &Vault,
+        admin_dir: &Path,
+        server_names: &[String],
+    ) -> Result<Self> {
+        let ca = match vault.load("ca", &["pki/ca.key", "pki/ca.pem"])? {
+            Some(v) => v,
+            None => {
+                let key = KeyPair::generate()?;
+                let mut params = CertificateParams::default();
+                let mut dn = DistinguishedName::new();
+                dn.push(DnType::CommonName, "byom CA");
+                params.distinguished_name = dn;
+                params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+                params.key_usages = vec![
+                    KeyUsagePurpose::KeyCertSign,
+                    KeyUsagePurpose::CrlSign,
+                    KeyUsagePurpose::DigitalSignature,
+                ];
+                params.serial_number = Some(random_serial());
+                validity(&mut params, CA_TTL);
+                let cert = params.self_signed(&key)?;
+                // The certificate first: in a data dir, the key's file is
+                // what says the CA exists.
+                let mut v = vault.create(
+                    "ca",
+                    &[
+                        ("pki/ca.pem", cert.pem(), 0o644),
+                        ("pki/ca.key", key.serialize_pem(), 0o600),
+                    ],
+                )?;
+                v.reverse();
+                v
+            }
         };
+        let [ca_key, ca_pem] = <[String; 2]>::try_from(ca)
+            .map_err(|_| PkiError::BadCert("the CA is incomplete".into()))?;
+        let ca_key = KeyPair::from_pem(&ca_key)?;
         let ca_der = pem_to_der(&ca_pem)?;
         let issuer = Issuer::from_ca_cert_der(&ca_der, ca_key)?;
         let ca_sha256 = sha256(&ca_der);
@@ -177,18 +192,18 @@ impl Pki {
             server_key_der: PrivatePkcs8KeyDer::from(Vec::new()),
         };
 
-        let server_key_path = dir.join("server.key");
-        let server_pem_path = dir.join("server.pem");
-        let server_names_path = dir.join("server.names");
+        const SERVER: [&str; 3] = ["pki/server.key", "pki/server.pem", "pki/server.names"];
         let wanted_names = server_names.join(",");
-        let reuse = server_key_path.exists()
-            && server_pem_path.exists()
-            && read(&server_names_path).ok().as_deref() == Some(wanted_names.as_str())
-            && fresh(&read(&server_pem_path)?);
+        let mut server = vault.load("server", &SERVER)?;
+        let reuse = match &server {
+            Some(v) => v[2] == wanted_names && fresh(&v[1]),
+            None => false,
+        };
         if !reuse {
             // A renewed certificate keeps the key: install lines pin it
             // (curl's --pinnedpubkey), and must survive a restart.
-            let key = match read(&server_key_path).ok().map(|p| KeyPair::from_pem(&p)) {
+            let old_key = server.as_ref().map(|v| KeyPair::from_pem(&v[0]));
+            let key = match old_key {
                 Some(Ok(k)) => k,
                 _ => KeyPair::generate()?,
             };
@@ -202,23 +217,32 @@ impl Pki {
             params.serial_number = Some(random_serial());
             validity(&mut params, SERVER_CERT_TTL);
             let cert = params.signed_by(&key, pki.issuer()?)?;
-            write(&server_key_path, &key.serialize_pem(), 0o600)?;
-            write(&server_pem_path, &cert.pem(), 0o644)?;
-            write(&server_names_path, &wanted_names, 0o644)?;
+            let items = [
+                (SERVER[0], key.serialize_pem(), 0o600),
+                (SERVER[1], cert.pem(), 0o644),
+                (SERVER[2], wanted_names, 0o644),
+            ];
+            server = Some(if server.is_some() {
+                vault.replace("server", &items)?;
+                items.into_iter().map(|i| i.1).collect()
+            } else {
+                // Replicas starting together must end up with one key.
+                vault.create("server", &items)?
+            });
         }
-        pki.server_cert_der = pem_to_der(&read(&server_pem_path)?)?;
-        pki.server_key_der = match key_from_pem(&read(&server_key_path)?)? {
+        let server = server.unwrap_or_default();
+        pki.server_cert_der = pem_to_der(&server[1])?;
+        pki.server_key_der = match key_from_pem(&server[0])? {
             PrivateKeyDer::Pkcs8(k) => k,
             _ => return Err(PkiError::BadCert("server key is not PKCS#8".into())),
         };
 
-        let admin = data_dir.join("admin");
-        let admin_pem = admin.join("admin.pem");
-        if !(admin_pem.exists() && fresh(&read(&admin_pem)?) && admin.join("ca.pem").exists()) {
+        let admin_pem = admin_dir.join("admin.pem");
+        if !(admin_pem.exists() && fresh(&read(&admin_pem)?) && admin_dir.join("ca.pem").exists()) {
             let (cert, key) = pki.issue_admin("admin")?;
-            write(&admin.join("admin.key"), &key, 0o600)?;
+            write(&admin_dir.join("admin.key"), &key, 0o600)?;
             write(&admin_pem, &cert, 0o644)?;
-            write(&admin.join("ca.pem"), &pki.ca_pem, 0o644)?;
+            write(&admin_dir.join("ca.pem"), &pki.ca_pem, 0o644)?;
         }
         Ok(pki)
     }
@@ -337,8 +361,18 @@ mod tests {
     #[test]
     fn a_reissued_server_certificate_keeps_its_key() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Pki::load_or_create(dir.path(), &["one.example".into()]).unwrap();
-        let b = Pki::load_or_create(dir.path(), &["two.example".into()]).unwrap();
+        let a = Pki::load_or_create(
+            &Vault::Dir(dir.path().into()),
+            &dir.path().join("admin"),
+            &["one.example".into()],
+        )
+        .unwrap();
+        let b = Pki::load_or_create(
+            &Vault::Dir(dir.path().into()),
+            &dir.path().join("admin"),
+            &["two.example".into()],
+        )
+        .unwrap();
         assert_ne!(
             a.server_cert_der, b.server_cert_der,
             "new names, new certificate"
@@ -353,7 +387,12 @@ mod tests {
     #[test]
     fn ca_signs_machine_csr_with_role() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::load_or_create(dir.path(), &["127.0.0.1".into()]).unwrap();
+        let pki = Pki::load_or_create(
+            &Vault::Dir(dir.path().into()),
+            &dir.path().join("admin"),
+            &["127.0.0.1".into()],
+        )
+        .unwrap();
         let key = KeyPair::generate().unwrap();
         let csr = CertificateParams::default()
             .serialize_request(&key)
@@ -371,7 +410,12 @@ mod tests {
             .sign_machine("garbage", "mch_x", Duration::from_secs(60))
             .is_err());
         // Reloading keeps the same CA.
-        let again = Pki::load_or_create(dir.path(), &["127.0.0.1".into()]).unwrap();
+        let again = Pki::load_or_create(
+            &Vault::Dir(dir.path().into()),
+            &dir.path().join("admin"),
+            &["127.0.0.1".into()],
+        )
+        .unwrap();
         assert_eq!(again.ca_sha256, pki.ca_sha256);
         let admin =
             inspect(&pem_to_der(&read(&dir.path().join("admin/admin.pem")).unwrap()).unwrap())

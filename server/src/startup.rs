@@ -26,6 +26,7 @@ pub use crate::model::ModelOptions;
 use crate::pki::Pki;
 use crate::tls::RevokedSet;
 use crate::triggers::Triggers;
+use crate::vault::Vault;
 
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -48,6 +49,11 @@ pub struct ServerOptions {
     /// The release to hand out (see [`crate::dist`]); `None`: look beside
     /// the binary.
     pub dist: Option<PathBuf>,
+    /// `postgres://…` (or `postgresql://…`): a store shared by replicas.
+    /// `None`: the embedded store in the data dir.
+    pub store: Option<String>,
+    /// The key a shared store's secrets are sealed with.
+    pub store_key_file: Option<PathBuf>,
     pub models: ModelOptions,
 }
 
@@ -178,6 +184,7 @@ fn load_dist(
 fn identity(
     opts: &ServerOptions,
     store: &Store,
+    vault: &Vault,
     quic_addr: SocketAddr,
 ) -> anyhow::Result<ServerIdentity> {
     let public_addr = match &opts.public_addr {
@@ -195,7 +202,8 @@ fn identity(
     if !public_host.is_empty() && !names.contains(&public_host) {
         names.push(public_host);
     }
-    let pki = Pki::load_or_create(&opts.data_dir, &names).context("cannot set up the PKI")?;
+    let pki = Pki::load_or_create(vault, &opts.data_dir.join("admin"), &names)
+        .with_context(|| format!("cannot set up the PKI in {}", vault.describe()))?;
     let dist = load_dist(opts.dist.as_deref(), &pki)?;
     let site = Arc::new(crate::dist::Site::new(dist, &pki, &public_addr)?);
     let revoked = Arc::new(RevokedSet::default());
@@ -204,9 +212,7 @@ fn identity(
             revoked.insert(&m.id);
         }
     }
-    let key_path = opts.data_dir.join("token.key");
-    let token_key = byom_wire::load_or_create_key(&key_path)
-        .with_context(|| format!("cannot read or write {}", key_path.display()))?;
+    let token_key = vault.key("token.key")?;
     Ok(ServerIdentity {
         pki,
         site,
@@ -222,21 +228,26 @@ fn identity(
 pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     private_data_dir(&opts.data_dir)?;
     // Configuration errors first, before anything is opened or bound.
-    let agent_cfg = agent_config(&opts)?;
+    let budgets = agent_budgets(&opts)?;
     let rules = crate::triggers::load_rules(&opts.data_dir)?;
     // Held for the process's life: the OS drops it when we exit, however.
     let _lock = lock_data_dir(&opts.data_dir)?;
-    let store = Store::open_sled(&opts.data_dir.join("store"))
-        .with_context(|| format!("cannot open the store in {}", opts.data_dir.display()))?;
+    let (store, vault) = open_store(&opts)?;
+    let agent_cfg = agent_config(&opts, &store, &vault, budgets)?;
     let bound = bind(&opts).await?;
     let quic_addr = bound.quic.local_addr()?;
     let tcp_addr = bound.tcp.local_addr()?;
     let api_addr = bound.api.local_addr()?;
     let webhook_addr = bound.webhook.local_addr()?;
-    let webhook_path = opts.data_dir.join("webhook.key");
-    let webhook_key = byom_wire::load_or_create_key(&webhook_path)
-        .with_context(|| format!("cannot read or write {}", webhook_path.display()))?;
-    let identity = Arc::new(identity(&opts, &store, quic_addr)?);
+    let webhook_key = vault.key("webhook.key")?;
+    if matches!(vault, Vault::Sealed { .. }) {
+        // For the operator, like the admin credentials: the key webhook
+        // senders sign with. The server reads it from the store.
+        let path = opts.data_dir.join("webhook.key");
+        byom_wire::write_atomic(&path, &webhook_key, 0o600)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let identity = Arc::new(identity(&opts, &store, &vault, quic_addr)?);
 
     // Every connection is a file: use all the kernel allows, and size the
     // pre-authentication gates so strangers can never take all of them.
@@ -541,21 +552,87 @@ fn next_steps(opts: &ServerOptions, info: &ServerInfo) {
     let _ = std::io::stderr().write_all(text.as_bytes());
 }
 
-/// Models, budgets (`<data-dir>/agents.toml`, `[budgets]`, validated) and
-/// the interpreter's snapshot key (`<data-dir>/js-snapshot.key`).
-fn agent_config(opts: &ServerOptions) -> anyhow::Result<AgentConfig> {
+/// The store `opts` names (the embedded one in the data dir by default)
+/// and where the server's secrets live with it.
+fn open_store(opts: &ServerOptions) -> anyhow::Result<(Store, Vault)> {
+    let Some(url) = &opts.store else {
+        let store = Store::open_sled(&opts.data_dir.join("store"))
+            .with_context(|| format!("cannot open the store in {}", opts.data_dir.display()))?;
+        return Ok((store, Vault::Dir(opts.data_dir.clone())));
+    };
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        anyhow::bail!(
+            "--store {}: only postgres://… (or postgresql://…) URLs are known; leave --store out for the embedded store",
+            redact_url(url)
+        );
+    }
+    let Some(key_file) = &opts.store_key_file else {
+        anyhow::bail!(
+            "a shared store keeps the server's CA and keys in the database, sealed: give the key with --store-key-file FILE (or BYOM_STORE_KEY_FILE), kept apart from the database; the first replica creates it if it does not exist"
+        );
+    };
+    let backend = byom_store::PgBackend::connect(url)
+        .with_context(|| format!("cannot open the store {}", redact_url(url)))?;
+    let store = Store::new(Arc::new(backend));
+    let vault = Vault::sealed(store.clone(), key_file)?;
+    tracing::info!(store = %redact_url(url), "shared store");
+    Ok((store, vault))
+}
+
+/// `url` without its password, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The agents' budgets: `<data-dir>/agents.toml` (`[budgets]`, validated)
+/// if there is one; else what a replica stored; else the defaults.
+fn agent_budgets(opts: &ServerOptions) -> anyhow::Result<Option<String>> {
+    let path = opts.data_dir.join("agents.toml");
+    match std::fs::read_to_string(&path) {
+        Ok(t) => {
+            Budgets::from_toml(&t)
+                .map_err(|e| anyhow::anyhow!("{} is not valid: {e}", path.display()))?;
+            Ok(Some(t))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// Server-wide setting holding the last agents.toml a server was given, so
+/// replicas started without the file use it too.
+pub(crate) const AGENTS_TOML_KEY: &str = "agents.toml";
+
+/// Models, budgets and the interpreter's snapshot key.
+fn agent_config(
+    opts: &ServerOptions,
+    store: &Store,
+    vault: &Vault,
+    budgets: Option<String>,
+) -> anyhow::Result<AgentConfig> {
     let m = &opts.models;
     let (router, worker) = (m.router(), m.worker());
-    let path = opts.data_dir.join("agents.toml");
-    let budgets = match std::fs::read_to_string(&path) {
-        Ok(t) => Budgets::from_toml(&t)
-            .map_err(|e| anyhow::anyhow!("{} is not valid: {e}", path.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Budgets::default(),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    let budgets = match budgets {
+        Some(t) => {
+            store.put_channel_state("", AGENTS_TOML_KEY, t.as_bytes())?;
+            Budgets::from_toml(&t).map_err(|e| anyhow::anyhow!("agents.toml is not valid: {e}"))?
+        }
+        None => match store.channel_state("", AGENTS_TOML_KEY)? {
+            Some(t) => Budgets::from_toml(&String::from_utf8_lossy(&t))
+                .map_err(|e| anyhow::anyhow!("the stored agents.toml is not valid: {e}"))?,
+            None => Budgets::default(),
+        },
     };
-    let key_path = opts.data_dir.join("js-snapshot.key");
-    let js_key = byom_wire::load_or_create_key(&key_path)
-        .with_context(|| format!("cannot read or write {}", key_path.display()))?;
+    let js_key = vault.key("js-snapshot.key")?;
     tracing::info!(router = %router, worker = %worker, "agent models");
     Ok(AgentConfig {
         router_model: crate::model::from_spec(&router, m)?,

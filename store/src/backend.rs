@@ -48,10 +48,13 @@ pub enum Space {
     /// `connector \0 name` → small state a connector keeps (Matrix's
     /// `since` token); `\0 name` for server-wide settings (routing rules).
     ChannelState,
+    /// The server's own secrets (its CA, keys), sealed by the server
+    /// before they get here: `group` → ciphertext.
+    Secrets,
 }
 
 impl Space {
-    pub const ALL: [Space; 19] = [
+    pub const ALL: [Space; 20] = [
         Space::Tokens,
         Space::TokenSecrets,
         Space::Machines,
@@ -71,6 +74,7 @@ impl Space {
         Space::OutboxQueue,
         Space::ChannelIndex,
         Space::ChannelState,
+        Space::Secrets,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -93,6 +97,7 @@ impl Space {
             Space::OutboxQueue => "outbox_queue",
             Space::ChannelIndex => "channel_index",
             Space::ChannelState => "channel_state",
+            Space::Secrets => "secrets",
         }
     }
 }

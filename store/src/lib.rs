@@ -319,6 +319,17 @@ impl Store {
         self.kv.get(space, key.as_bytes())
     }
 
+    /// Writes `value` under `key` unless something is there already;
+    /// whether it did. The first of several servers racing wins.
+    pub fn create_raw(&self, space: Space, key: &str, value: &[u8]) -> Result<bool> {
+        self.kv
+            .compare_and_swap(space, key.as_bytes(), None, Some(value))
+    }
+
+    pub fn put_raw(&self, space: Space, key: &str, value: &[u8]) -> Result<()> {
+        self.kv.put(space, key.as_bytes(), value)
+    }
+
     /// Up to `limit` entries whose key starts with `prefix`, in key order,
     /// keys without the prefix.
     pub fn scan_prefix(

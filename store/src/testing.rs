@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 const START_WITHIN: Duration = Duration::from_secs(60);
 
 pub struct PgCluster {
-    dir: tempfile::TempDir,
+    /// Removed on drop when the cluster made it.
+    _temp: Option<tempfile::TempDir>,
+    dir: PathBuf,
     port: u16,
     server: Child,
 }
@@ -68,65 +70,56 @@ impl PgCluster {
     /// A cluster without fsync: for tests, where a crash of the machine is
     /// not what is being tested.
     pub fn start() -> PgCluster {
-        Self::start_with(false)
+        let temp = tempfile::Builder::new()
+            .prefix("byom-pg")
+            .tempdir()
+            .expect("temp dir");
+        let mut c = Self::start_in(temp.path(), false);
+        c._temp = Some(temp);
+        c
     }
 
     /// A cluster that fsyncs as a production one does: for benchmarks.
     pub fn start_durable() -> PgCluster {
-        Self::start_with(true)
+        let temp = tempfile::Builder::new()
+            .prefix("byom-pg")
+            .tempdir()
+            .expect("temp dir");
+        let mut c = Self::start_in(temp.path(), true);
+        c._temp = Some(temp);
+        c
     }
 
-    fn start_with(fsync: bool) -> PgCluster {
+    /// A cluster in `dir`: made there the first time, started again on
+    /// what is there after that (a test's server restarted on its data).
+    pub fn start_in(dir: &Path, fsync: bool) -> PgCluster {
         let bin = pg_bin_dir().expect(
             "PostgreSQL is not installed (initdb not on PATH nor in /usr/lib/postgresql/*/bin): \
              apt-get install postgresql",
         );
-        let dir = tempfile::Builder::new()
-            .prefix("byom-pg")
-            .tempdir()
-            .expect("temp dir");
-        let data = dir.path().join("data");
-        std::fs::create_dir(&data).expect("data dir");
+        let data = dir.join("data");
         let user = run_as();
-        if let Some((uid, gid)) = user {
-            for d in [dir.path(), &data] {
-                std::os::unix::fs::chown(d, Some(uid), Some(gid)).expect("chown the cluster dir");
-            }
+        if !data.join("PG_VERSION").exists() {
+            Self::init(&bin, dir, &data, user);
         }
-        let out = command(&bin, "initdb", user)
-            .args(["-D"])
-            .arg(&data)
-            .args([
-                "-U",
-                "byom",
-                "--auth=trust",
-                "-N",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ])
-            .current_dir(dir.path())
-            .output()
-            .expect("run initdb");
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         let port = free_port();
-        let log = std::fs::File::create(dir.path().join("log")).expect("log file");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("log"))
+            .expect("log file");
         if let Some((uid, gid)) = user {
-            std::os::unix::fs::chown(dir.path().join("log"), Some(uid), Some(gid)).expect("chown");
+            std::os::unix::fs::chown(dir.join("log"), Some(uid), Some(gid)).expect("chown");
         }
         let mut cmd = command(&bin, "postgres", user);
         cmd.arg("-D")
             .arg(&data)
             .args(["-p", &port.to_string(), "-k"])
-            .arg(dir.path())
+            .arg(dir)
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", &format!("fsync={}", if fsync { "on" } else { "off" })])
             .args(["-c", "max_connections=200"])
-            .current_dir(dir.path())
+            .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
@@ -141,12 +134,21 @@ impl PgCluster {
                 });
             }
         }
+        let ready_before = std::fs::read_to_string(dir.join("log"))
+            .unwrap_or_default()
+            .matches("ready to accept connections")
+            .count();
         let server = cmd.spawn().expect("start postgres");
-        let mut c = PgCluster { dir, port, server };
+        let mut c = PgCluster {
+            _temp: None,
+            dir: dir.to_path_buf(),
+            port,
+            server,
+        };
         let t = Instant::now();
         loop {
-            let log = std::fs::read_to_string(c.dir.path().join("log")).unwrap_or_default();
-            if log.contains("ready to accept connections") {
+            let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+            if log.matches("ready to accept connections").count() > ready_before {
                 break;
             }
             if let Ok(Some(status)) = c.server.try_wait() {
@@ -156,6 +158,40 @@ impl PgCluster {
             std::thread::sleep(Duration::from_millis(20));
         }
         c
+    }
+
+    fn init(bin: &Path, dir: &Path, data: &Path, user: Option<(u32, u32)>) {
+        std::fs::create_dir_all(data).expect("data dir");
+        if let Some((uid, gid)) = user {
+            for d in [dir, data] {
+                std::os::unix::fs::chown(d, Some(uid), Some(gid)).expect("chown the cluster dir");
+            }
+        }
+        let out = command(bin, "initdb", user)
+            .args(["-D"])
+            .arg(data)
+            .args([
+                "-U",
+                "byom",
+                "--auth=trust",
+                "-N",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ])
+            .current_dir(dir)
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// What PostgreSQL logged, for a failing test's message.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
     }
 
     pub fn port(&self) -> u16 {

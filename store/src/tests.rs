@@ -609,7 +609,10 @@ fn postgres_answers_as_sled_does() {
                 )
             }
         };
-        assert_eq!(a, b, "step {step}: operation {what} on {space:?} key {k:?} ({dbg})");
+        assert_eq!(
+            a, b,
+            "step {step}: operation {what} on {space:?} key {k:?} ({dbg})"
+        );
     }
     pg.flush().unwrap();
 }

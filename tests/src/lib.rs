@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -98,6 +98,63 @@ pub struct Server {
     /// Environment for the server process only (never this process's:
     /// tests run in parallel threads).
     pub env: Vec<(String, String)>,
+    /// The shared store this server uses, if not the embedded one.
+    pub store: Option<SharedStore>,
+}
+
+/// A PostgreSQL store for servers: the cluster (running while any server
+/// holds it), the database URL and the key file its secrets are sealed
+/// with.
+#[derive(Clone)]
+pub struct SharedStore {
+    pub cluster: Arc<byom_store::testing::PgCluster>,
+    pub url: String,
+    pub key_file: PathBuf,
+}
+
+impl SharedStore {
+    /// A cluster in `<dir>/pg` (started again on its data if a test
+    /// restarts), with database `byom`.
+    pub fn in_dir(dir: &Path) -> SharedStore {
+        static RUNNING: Mutex<Vec<(PathBuf, std::sync::Weak<byom_store::testing::PgCluster>)>> =
+            Mutex::new(Vec::new());
+        let pg = dir.join("pg");
+        let mut running = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        running.retain(|(_, w)| w.strong_count() > 0);
+        let cluster = match running
+            .iter()
+            .find(|(d, _)| *d == pg)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            Some(c) => c,
+            None => {
+                std::fs::create_dir_all(&pg).unwrap();
+                let c = Arc::new(byom_store::testing::PgCluster::start_in(&pg, false));
+                running.push((pg, Arc::downgrade(&c)));
+                c
+            }
+        };
+        let url = cluster.url("byom");
+        SharedStore {
+            cluster,
+            url,
+            key_file: dir.join("store.key"),
+        }
+    }
+}
+
+/// Whether this run's servers use PostgreSQL rather than the embedded
+/// store: in test binaries named `*_pg` (the machine, agent and policy
+/// suites again, so `cargo test` runs them on both backends), or any with
+/// `BYOM_TEST_STORE=postgres`.
+pub fn test_store_is_postgres() -> bool {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    // Cargo names test binaries `<target>-<hash>`.
+    let pg_binary = name
+        .rsplit_once('-')
+        .is_some_and(|(t, _)| t.ends_with("_pg"));
+    pg_binary || std::env::var("BYOM_TEST_STORE").is_ok_and(|v| v == "postgres")
 }
 
 impl Server {
@@ -132,9 +189,36 @@ impl Server {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            store: test_store_is_postgres().then(|| SharedStore::in_dir(dir)),
         };
         s.launch();
         s
+    }
+
+    /// A server on `store`, with its own data dir `<dir>/<name>`: one of
+    /// several replicas.
+    pub fn replica(dir: &Path, name: &str, store: &SharedStore, extra: &[&str]) -> Server {
+        let mut s = Self::replica_unstarted(dir, name, Some(store));
+        s.extra_args = extra.iter().map(|s| s.to_string()).collect();
+        s.launch();
+        s
+    }
+
+    /// A server in `<dir>/<name>` (on `store`, or the embedded store if
+    /// `None`), not started yet: set what the test needs, then `launch`.
+    pub fn replica_unstarted(dir: &Path, name: &str, store: Option<&SharedStore>) -> Server {
+        Server {
+            child: None,
+            data_dir: dir.join(name),
+            quic_addr: "127.0.0.1:0".parse().unwrap(),
+            api_addr: "127.0.0.1:0".parse().unwrap(),
+            tcp_addr: "127.0.0.1:0".parse().unwrap(),
+            webhook_addr: "127.0.0.1:0".parse().unwrap(),
+            extra_args: Vec::new(),
+            nofile: None,
+            env: Vec::new(),
+            store: store.cloned(),
+        }
     }
 
     /// A server (with `extra` arguments and `env`) and one daemon paired
@@ -163,13 +247,13 @@ impl Server {
         pin
     }
 
-    fn launch(&mut self) {
+    pub fn launch(&mut self) {
         let _ = std::fs::remove_file(self.data_dir.join("server.json"));
         std::fs::create_dir_all(&self.data_dir).unwrap();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.data_dir.join("../server.log"))
+            .open(self.log_path())
             .unwrap();
         let mut cmd = Command::new(bin("byom"));
         if let Some(n) = self.nofile {
@@ -199,6 +283,14 @@ impl Server {
             .arg("--listen-webhook")
             .arg(self.webhook_addr.to_string())
             .args(&self.extra_args)
+            .args(self.store.iter().flat_map(|st| {
+                [
+                    "--store".into(),
+                    st.url.clone().into(),
+                    "--store-key-file".into(),
+                    st.key_file.clone().into_os_string(),
+                ]
+            }))
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("BYOM_LOG", "info,byom_server=debug,byom_agent=debug")
             .stdin(Stdio::null())
@@ -212,6 +304,13 @@ impl Server {
             let v: Value = serde_json::from_slice(&std::fs::read(&json).ok()?).ok()?;
             Some(v)
         });
+        if self.store.is_some() {
+            // The run is on PostgreSQL as asked, not quietly on sled.
+            assert!(
+                self.log().contains("shared store"),
+                "the server did not open the shared store"
+            );
+        }
         self.quic_addr = info["quic_addr"].as_str().unwrap().parse().unwrap();
         self.api_addr = info["api_addr"].as_str().unwrap().parse().unwrap();
         self.tcp_addr = info["tcp_addr"].as_str().unwrap().parse().unwrap();
@@ -248,7 +347,18 @@ impl Server {
 
     /// What the server has logged so far (all its runs in this test).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.data_dir.join("../server.log")).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// `<dir>/server.log` for the one server of a test; replicas log to
+    /// `<dir>/<name>.log`.
+    fn log_path(&self) -> PathBuf {
+        let name = self
+            .data_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("server");
+        self.data_dir.with_file_name(format!("{name}.log"))
     }
 
     pub fn creds(&self) -> PathBuf {
@@ -354,7 +464,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         // A failing test shows what the server was doing: CI keeps no temp dirs.
         if std::thread::panicking() {
-            print_tail(&self.data_dir.join("../server.log"), &self.log(), 200);
+            print_tail(&self.log_path(), &self.log(), 200);
             // And what the agents hold, if the server still answers.
             if self.child.is_some() {
                 for q in [

@@ -65,7 +65,10 @@ pub struct Global {
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Run the control plane (QUIC gateway for daemons, admin API).
-    Server(server::ServerArgs),
+    Server(Box<server::ServerArgs>),
+    /// The server's store: move an embedded one into PostgreSQL.
+    #[command(subcommand)]
+    Store(server::StoreCmd),
     /// Pairing tokens for new machines.
     #[command(subcommand)]
     Token(token::TokenCmd),
@@ -295,7 +298,8 @@ async fn connect(g: &Global) -> anyhow::Result<Client> {
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     let g = &cli.global;
     match cli.cmd {
-        Cmd::Server(a) => server::run(a).await,
+        Cmd::Server(a) => server::run(*a).await,
+        Cmd::Store(c) => server::store(c),
         Cmd::Demo(a) => demo::run(a).await,
         Cmd::Js(j) => crate::js::run(j).await,
         Cmd::Token(t) => token::run(&mut connect(g).await?, t).await,

@@ -41,6 +41,16 @@ pub struct ServerArgs {
     /// Default: `dist/` beside this binary, if there is one.
     #[arg(long, env = "BYOM_DIST")]
     pub dist: Option<PathBuf>,
+    /// The store: leave it out for the embedded one in the data dir, or
+    /// `postgres://USER@HOST/DB` for one several replicas share (the
+    /// data dir then holds nothing the server needs).
+    #[arg(long, env = "BYOM_STORE")]
+    pub store: Option<String>,
+    /// With a shared store: the key its secrets (CA, server and webhook
+    /// keys) are sealed with, kept apart from the database. Created by
+    /// the first replica if missing; every replica needs the same file.
+    #[arg(long, env = "BYOM_STORE_KEY_FILE")]
+    pub store_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub models: ModelArgs,
 }
@@ -91,6 +101,8 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
         cert_ttl: a.cert_ttl,
         offline_allowance: a.offline_allowance,
         dist: a.dist,
+        store: a.store,
+        store_key_file: a.store_key_file,
         models: byom_server::ModelOptions {
             model: m.model,
             router_model: m.router_model,
@@ -102,4 +114,56 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
     })
     .await?;
     Ok(0)
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum StoreCmd {
+    /// Copy a stopped server's embedded store, CA, keys and settings into
+    /// an empty PostgreSQL database, then start replicas on it with
+    /// `byom server --store URL --store-key-file FILE`.
+    Migrate {
+        /// The stopped server's data dir.
+        #[arg(long)]
+        from: PathBuf,
+        /// postgres://USER@HOST/DB, empty.
+        #[arg(long)]
+        to: String,
+        /// The key the secrets are sealed with in the database (created if
+        /// missing); every replica is then given it.
+        #[arg(long, env = "BYOM_STORE_KEY_FILE")]
+        store_key_file: PathBuf,
+    },
+}
+
+pub fn store(c: StoreCmd) -> anyhow::Result<i32> {
+    match c {
+        StoreCmd::Migrate {
+            from,
+            to,
+            store_key_file,
+        } => {
+            let r = byom_server::migrate_store(&from, &to, &store_key_file)?;
+            let total: usize = r.spaces.iter().map(|s| s.1).sum();
+            println!(
+                "moved {total} records from {} into the shared store:",
+                from.display()
+            );
+            for (space, n) in r.spaces.iter().filter(|s| s.1 > 0) {
+                println!("  {space:<16} {n}");
+            }
+            println!("sealed secrets:  {}", r.secrets.join(", "));
+            if !r.settings.is_empty() {
+                println!("settings:        {}", r.settings.join(", "));
+            }
+            println!(
+                "\nStart replicas with:\n  byom server --store '{}' --store-key-file {}",
+                byom_server::redact_url(&to),
+                store_key_file.display()
+            );
+            println!(
+                "The old data dir is untouched; the machines keep their identities (same CA)."
+            );
+            Ok(0)
+        }
+    }
 }

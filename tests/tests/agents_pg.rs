@@ -1,0 +1,6 @@
+//! The agents suite again, every server on PostgreSQL: test binaries named
+//! `*_pg` run their servers on a private cluster (see
+//! `byom_tests::test_store_is_postgres`).
+
+#[path = "agents.rs"]
+mod suite;
