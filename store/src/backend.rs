@@ -51,10 +51,18 @@ pub enum Space {
     /// The server's own secrets (its CA, keys), sealed by the server
     /// before they get here: `group` → ciphertext.
     Secrets,
+    /// Machine ID → `replica generation`: which server holds the
+    /// machine's connection, when several share the store.
+    Presence,
+    /// Replica ID → when its liveness expires (BE u64 ms).
+    Replicas,
+    /// Leases (`agents`: holder, epoch, expiry) and their epochs, which
+    /// every fenced write is guarded by.
+    Leases,
 }
 
 impl Space {
-    pub const ALL: [Space; 20] = [
+    pub const ALL: [Space; 23] = [
         Space::Tokens,
         Space::TokenSecrets,
         Space::Machines,
@@ -75,6 +83,9 @@ impl Space {
         Space::ChannelIndex,
         Space::ChannelState,
         Space::Secrets,
+        Space::Presence,
+        Space::Replicas,
+        Space::Leases,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -98,6 +109,9 @@ impl Space {
             Space::ChannelIndex => "channel_index",
             Space::ChannelState => "channel_state",
             Space::Secrets => "secrets",
+            Space::Presence => "presence",
+            Space::Replicas => "replicas",
+            Space::Leases => "leases",
         }
     }
 }
@@ -134,6 +148,33 @@ pub trait Backend: Send + Sync + 'static {
     fn flush(&self) -> Result<()>;
     /// Applies every write (None: delete) atomically, across spaces.
     fn batch(&self, ops: &[Op]) -> Result<()>;
+    /// Applies `ops` atomically only if `guard` holds at that moment;
+    /// whether it did. A write fenced by a lease's epoch: a holder that
+    /// lost the lease cannot write, however late its write arrives.
+    fn batch_if(&self, guard: &Guard, ops: &[Op]) -> Result<bool>;
+    /// Whether other processes share this store (replicas).
+    fn is_shared(&self) -> bool {
+        false
+    }
+    /// Tells every process sharing the store (this one included) `note`,
+    /// after the writes made before the call; nothing for a store only
+    /// one process uses.
+    fn notify(&self, _note: &str) -> Result<()> {
+        Ok(())
+    }
+    /// What [`Backend::notify`] tells, from any process; `*` when some may
+    /// have been missed (a lost connection), so listeners look again.
+    fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        None
+    }
+}
+
+/// What [`Backend::batch_if`] checks: `key` holds exactly `value`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    pub space: Space,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
 }
 
 /// One write in a [`Backend::batch`].

@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 use prost::Message;
 
-pub use backend::{Backend, Kv, Op, Space};
+pub use backend::{Backend, Guard, Kv, Op, Space};
 pub use pg_backend::{PgBackend, SCHEMA_VERSION};
 pub use sled_backend::SledBackend;
 
@@ -314,9 +314,49 @@ impl Store {
         self.kv.batch(ops)
     }
 
+    /// Applies writes atomically if `guard` holds (see [`Backend::batch_if`]).
+    pub fn batch_if(&self, guard: &Guard, ops: &[Op]) -> Result<bool> {
+        self.kv.batch_if(guard, ops)
+    }
+
     /// One value, as stored.
     pub fn get_raw(&self, space: Space, key: &str) -> Result<Option<Vec<u8>>> {
         self.kv.get(space, key.as_bytes())
+    }
+
+    /// Whether several servers share this store.
+    pub fn is_shared(&self) -> bool {
+        self.kv.is_shared()
+    }
+
+    /// Tells every server sharing the store `note` (see [`Backend::notify`]).
+    pub fn notify(&self, note: &str) -> Result<()> {
+        self.kv.notify(note)
+    }
+
+    pub fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        self.kv.notices()
+    }
+
+    /// Every entry of `space` (small spaces only: presence, replicas).
+    pub fn scan_all(&self, space: Space) -> Result<Vec<(String, Vec<u8>)>> {
+        self.scan_prefix(space, "", MAX_LIST)
+    }
+
+    pub fn delete_raw(&self, space: Space, key: &str) -> Result<()> {
+        self.kv.delete(space, key.as_bytes())
+    }
+
+    /// Replaces `key`'s value `old` with `new` (None: absent), if it is
+    /// still `old`.
+    pub fn cas_raw(
+        &self,
+        space: Space,
+        key: &str,
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        self.kv.compare_and_swap(space, key.as_bytes(), old, new)
     }
 
     /// Writes `value` under `key` unless something is there already;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use tokio_postgres::{Client, NoTls, Statement};
 
-use crate::backend::{Backend, Kv, Op, Space};
+use crate::backend::{Backend, Guard, Kv, Op, Space};
 use crate::{Result, StoreError};
 
 /// Connections per server.
@@ -69,6 +69,8 @@ struct Conn {
     cas_delete: Statement,
     keys: Statement,
     batch: Statement,
+    batch_if: Statement,
+    notify: Statement,
     /// Keyed by (start excluded, end: 0 unbounded / 1 excluded / 2
     /// included, reverse).
     ranges: HashMap<(bool, u8, bool), Statement>,
@@ -81,6 +83,22 @@ const BATCH_SQL: &str = "WITH d AS (
     INSERT INTO byom_kv (space, k, v)
     SELECT * FROM unnest($3::text[], $4::bytea[], $5::bytea[])
     ON CONFLICT (space, k) DO UPDATE SET v = EXCLUDED.v";
+
+/// [`BATCH_SQL`] if the guard row holds its value. `FOR SHARE` makes a
+/// concurrent change of the guard (a lease taken over) either wait for
+/// this write or, once committed first, fail the guard.
+const BATCH_IF_SQL: &str = "WITH g AS (
+        SELECT 1 FROM byom_kv WHERE space = $6 AND k = $7 AND v = $8 FOR SHARE
+    ), d AS (
+        DELETE FROM byom_kv USING unnest($1::text[], $2::bytea[]) AS x(s, k)
+        WHERE byom_kv.space = x.s AND byom_kv.k = x.k AND EXISTS (SELECT 1 FROM g)
+    ), i AS (
+        INSERT INTO byom_kv (space, k, v)
+        SELECT * FROM unnest($3::text[], $4::bytea[], $5::bytea[])
+        WHERE EXISTS (SELECT 1 FROM g)
+        ON CONFLICT (space, k) DO UPDATE SET v = EXCLUDED.v
+    )
+    SELECT count(*) FROM g";
 
 impl Conn {
     async fn open(url: &str) -> Result<Conn> {
@@ -131,6 +149,8 @@ impl Conn {
             cas_delete: p("DELETE FROM byom_kv WHERE space = $1 AND k = $2 AND v = $3").await?,
             keys: p("SELECT k FROM byom_kv WHERE space = $1 ORDER BY k").await?,
             batch: p(BATCH_SQL).await?,
+            batch_if: p(BATCH_IF_SQL).await?,
+            notify: p("SELECT pg_notify($1, $2)").await?,
             ranges,
             client,
         })
@@ -146,7 +166,16 @@ pub struct PgBackend {
     next: AtomicUsize,
     /// This process's row in `byom_flush`.
     flush_id: i64,
+    notices: tokio::sync::broadcast::Sender<String>,
 }
+
+/// The channel replicas tell each other on (`LISTEN`/`NOTIFY`).
+const CHANNEL: &str = "byom";
+/// Notices a slow listener may fall behind by before it is told to look
+/// again (`*`).
+const NOTICE_BUFFER: usize = 4096;
+/// The longest notice PostgreSQL carries is 8000 bytes.
+const MAX_NOTICE_BYTES: usize = 7900;
 
 impl PgBackend {
     /// Connects, applies the migrations this build knows (refusing a newer
@@ -168,12 +197,15 @@ impl PgBackend {
             }
             Ok(pool)
         })?;
+        let (notices, _) = tokio::sync::broadcast::channel(NOTICE_BUFFER);
+        rt.spawn(listen(url.clone(), notices.clone()));
         Ok(PgBackend {
             url,
             rt: Some(rt),
             pool: Arc::new(pool),
             next: AtomicUsize::new(0),
             flush_id: fastrand::i64(1..i64::MAX),
+            notices,
         })
     }
 
@@ -235,6 +267,45 @@ fn wait<T: Send + 'static>(
             tokio::task::block_in_place(recv)
         }
         _ => recv(),
+    }
+}
+
+/// Hears every replica's notices, for as long as the backend lives:
+/// reconnects after a lost connection, and then says `*` (some may have
+/// been missed).
+async fn listen(url: Arc<str>, tx: tokio::sync::broadcast::Sender<String>) {
+    use futures_util::StreamExt;
+    loop {
+        match tokio_postgres::connect(&url, NoTls).await {
+            Ok((client, mut connection)) => {
+                let notes = tx.clone();
+                let driver = tokio::spawn(async move {
+                    let mut messages =
+                        futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                    while let Some(m) = messages.next().await {
+                        match m {
+                            Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                                let _ = notes.send(n.payload().to_string());
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::warn!("lost the store's notice connection: {e}");
+                                break;
+                            }
+                        }
+                    }
+                });
+                match client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+                    Ok(()) => {
+                        let _ = tx.send("*".into());
+                    }
+                    Err(e) => tracing::warn!("cannot listen for the store's notices: {}", pg(e)),
+                }
+                let _ = driver.await;
+            }
+            Err(e) => tracing::warn!("cannot open the store's notice connection: {}", pg(e)),
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }
 
@@ -419,22 +490,36 @@ impl Backend for PgBackend {
         );
         self.run(move |c| async move { c.client.batch_execute(&sql).await.map_err(pg) })
     }
-    fn batch(&self, ops: &[Op]) -> Result<()> {
-        let (mut ds, mut dk, mut ps, mut pk, mut pv) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for op in dedupe(ops) {
-            match &op.value {
-                None => {
-                    ds.push(op.space.name());
-                    dk.push(op.key.clone());
-                }
-                Some(v) => {
-                    ps.push(op.space.name());
-                    pk.push(op.key.clone());
-                    pv.push(v.clone());
-                }
-            }
+    fn is_shared(&self) -> bool {
+        true
+    }
+    fn notify(&self, note: &str) -> Result<()> {
+        let mut end = note.len().min(MAX_NOTICE_BYTES);
+        while !note.is_char_boundary(end) {
+            end -= 1;
         }
+        let note = note[..end].to_string();
+        let pool = self.pool.clone();
+        let Some(rt) = &self.rt else {
+            return Ok(());
+        };
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % pool.len();
+        // Not waited for: the writes it follows have committed, so it
+        // cannot overtake them, and a lost notice is what the replicas'
+        // periodic look is for.
+        rt.spawn(async move {
+            let conn = pool[i].read().await.clone();
+            if let Err(e) = conn.client.execute(&conn.notify, &[&CHANNEL, &note]).await {
+                tracing::debug!("notice not sent: {}", pg(e));
+            }
+        });
+        Ok(())
+    }
+    fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        Some(self.notices.subscribe())
+    }
+    fn batch(&self, ops: &[Op]) -> Result<()> {
+        let Columns(ds, dk, ps, pk, pv) = columns(ops);
         self.run(move |c| async move {
             c.client
                 .execute(&c.batch, &[&ds, &dk, &ps, &pk, &pv])
@@ -443,4 +528,44 @@ impl Backend for PgBackend {
             Ok(())
         })
     }
+    fn batch_if(&self, guard: &Guard, ops: &[Op]) -> Result<bool> {
+        let Columns(ds, dk, ps, pk, pv) = columns(ops);
+        let (gs, gk, gv) = (guard.space.name(), guard.key.clone(), guard.value.clone());
+        self.run(move |c| async move {
+            let row = c
+                .client
+                .query_one(&c.batch_if, &[&ds, &dk, &ps, &pk, &pv, &gs, &gk, &gv])
+                .await
+                .map_err(pg)?;
+            Ok(row.get::<_, i64>(0) == 1)
+        })
+    }
+}
+
+/// A batch as the columns of its deletes (space, key) and its puts
+/// (space, key, value), each row once.
+struct Columns(
+    Vec<&'static str>,
+    Vec<Vec<u8>>,
+    Vec<&'static str>,
+    Vec<Vec<u8>>,
+    Vec<Vec<u8>>,
+);
+
+fn columns(ops: &[Op]) -> Columns {
+    let mut c = Columns(Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for op in dedupe(ops) {
+        match &op.value {
+            None => {
+                c.0.push(op.space.name());
+                c.1.push(op.key.clone());
+            }
+            Some(v) => {
+                c.2.push(op.space.name());
+                c.3.push(op.key.clone());
+                c.4.push(v.clone());
+            }
+        }
+    }
+    c
 }

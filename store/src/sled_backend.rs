@@ -4,7 +4,7 @@
 use std::ops::Bound;
 use std::path::Path;
 
-use crate::backend::{Backend, Kv, Op, Space};
+use crate::backend::{Backend, Guard, Kv, Op, Space};
 use crate::{Result, StoreError};
 
 pub struct SledBackend {
@@ -119,36 +119,57 @@ impl Backend for SledBackend {
         Ok(())
     }
     fn batch(&self, ops: &[Op]) -> Result<()> {
-        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
         // sled panics on a transaction over no trees.
         if ops.is_empty() {
             return Ok(());
         }
+        self.transact(None, ops).map(|_| ())
+    }
+    fn batch_if(&self, guard: &Guard, ops: &[Op]) -> Result<bool> {
+        self.transact(Some(guard), ops)
+    }
+}
+
+impl SledBackend {
+    /// `ops` in one transaction, if `guard` holds in it.
+    fn transact(&self, guard: Option<&Guard>, ops: &[Op]) -> Result<bool> {
+        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
         let spaces: Vec<Space> = {
-            let mut v: Vec<Space> = ops.iter().map(|o| o.space).collect();
+            let mut v: Vec<Space> = ops
+                .iter()
+                .map(|o| o.space)
+                .chain(guard.map(|g| g.space))
+                .collect();
             v.sort_by_key(|s| s.name());
             v.dedup();
             v
         };
         let trees: Vec<sled::Tree> = spaces.iter().map(|s| self.tree(*s).clone()).collect();
-        let r: std::result::Result<(), TransactionError<()>> = trees.as_slice().transaction(|tx| {
-            for op in ops {
-                let Some(i) = spaces.iter().position(|s| *s == op.space) else {
-                    return Err(ConflictableTransactionError::Abort(()));
-                };
-                match &op.value {
-                    Some(v) => {
-                        tx[i].insert(op.key.as_slice(), v.as_slice())?;
-                    }
-                    None => {
-                        tx[i].remove(op.key.as_slice())?;
+        let at = |space: Space| spaces.iter().position(|s| *s == space);
+        let r: std::result::Result<bool, TransactionError<()>> =
+            trees.as_slice().transaction(|tx| {
+                if let Some(g) = guard {
+                    let i = at(g.space).ok_or(ConflictableTransactionError::Abort(()))?;
+                    let now = tx[i].get(g.key.as_slice())?;
+                    if now.as_deref() != Some(g.value.as_slice()) {
+                        return Ok(false);
                     }
                 }
-            }
-            Ok(())
-        });
+                for op in ops {
+                    let i = at(op.space).ok_or(ConflictableTransactionError::Abort(()))?;
+                    match &op.value {
+                        Some(v) => {
+                            tx[i].insert(op.key.as_slice(), v.as_slice())?;
+                        }
+                        None => {
+                            tx[i].remove(op.key.as_slice())?;
+                        }
+                    }
+                }
+                Ok(true)
+            });
         match r {
-            Ok(()) => Ok(()),
+            Ok(applied) => Ok(applied),
             Err(TransactionError::Storage(e)) => Err(io(e)),
             Err(TransactionError::Abort(())) => Err(StoreError::Io("batch aborted".into())),
         }

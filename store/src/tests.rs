@@ -421,6 +421,9 @@ impl Backend for SlowFlushes {
     fn batch(&self, ops: &[Op]) -> Result<()> {
         self.inner.batch(ops)
     }
+    fn batch_if(&self, guard: &Guard, ops: &[Op]) -> Result<bool> {
+        self.inner.batch_if(guard, ops)
+    }
 }
 
 #[test]
@@ -527,7 +530,7 @@ fn postgres_answers_as_sled_does() {
         let space = *fastrand::choice(&spaces).unwrap();
         let k = key();
         let v = vec![fastrand::u8(..); fastrand::usize(0..3)];
-        let what = fastrand::u8(0..7);
+        let what = fastrand::u8(0..8);
         let mut dbg = String::new();
         let bound = |k: Vec<u8>| -> Bound<Vec<u8>> {
             match fastrand::u8(0..3) {
@@ -592,6 +595,27 @@ fn postgres_answers_as_sled_does() {
                 format!("{:?}", sled.keys(space)),
                 format!("{:?}", pg.keys(space)),
             ),
+            6 => {
+                // Guarded on the value there now half the time, else on a guess.
+                let now = sled.get(space, &k).unwrap();
+                let value = match now {
+                    Some(v) if fastrand::bool() => v,
+                    _ => vec![fastrand::u8(..)],
+                };
+                let guard = Guard {
+                    space,
+                    key: k.clone(),
+                    value,
+                };
+                let ops = [
+                    Op::put(*fastrand::choice(&spaces).unwrap(), key(), vec![1]),
+                    Op::delete(space, key()),
+                ];
+                (
+                    format!("{:?}", sled.batch_if(&guard, &ops)),
+                    format!("{:?}", pg.batch_if(&guard, &ops)),
+                )
+            }
             _ => {
                 let ops: Vec<Op> = (0..fastrand::usize(0..6))
                     .map(|_| {
@@ -676,4 +700,51 @@ fn postgres_reconnects_after_the_database_drops_its_connections() {
         ok >= POOL_SIZE + 2,
         "only {ok} reads succeeded after the reconnect"
     );
+}
+
+#[test]
+fn postgres_notices_reach_every_process_sharing_the_store() {
+    let cluster = crate::testing::PgCluster::start();
+    let url = cluster.url("notices");
+    let a = PgBackend::connect(&url).unwrap();
+    let b = PgBackend::connect(&url).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut heard = b.notices().unwrap();
+        // The listener says `*` once it listens: from then on nothing is missed.
+        let first = tokio::time::timeout(std::time::Duration::from_secs(10), heard.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first, "*");
+        a.notify("wake mch_1").unwrap();
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), heard.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, "wake mch_1");
+    });
+    assert!(a.is_shared());
+}
+
+#[test]
+fn a_write_fenced_by_an_old_epoch_is_refused_on_both_backends() {
+    both(|f| {
+        let s = f.open();
+        s.put_raw(Space::Leases, "epoch", b"1 a").unwrap();
+        let guard = Guard {
+            space: Space::Leases,
+            key: b"epoch".to_vec(),
+            value: b"1 a".to_vec(),
+        };
+        let op = |v: &str| [Op::put(Space::Agents, "r/x", v.as_bytes().to_vec())];
+        assert!(s.batch_if(&guard, &op("first")).unwrap());
+        // Another holder takes over: the epoch moves on.
+        s.put_raw(Space::Leases, "epoch", b"2 b").unwrap();
+        assert!(!s.batch_if(&guard, &op("late")).unwrap());
+        assert_eq!(s.get_raw(Space::Agents, "r/x").unwrap().unwrap(), b"first");
+    });
 }
