@@ -266,6 +266,7 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
     let runner = Arc::new(Runner::with_policy(policy));
     runner.set_draining(trial.is_some());
     let mut backoff = limits::RECONNECT_BACKOFF_MIN;
+    let mut attempt = 0usize;
     tracing::info!(instance = %runner.instance_id, "byomd starting");
     loop {
         let ident = Identity::load(&dir)?;
@@ -273,10 +274,20 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
             bail!("this machine was revoked by the server; run `byomd unpair`, then pair it again with a new token");
         }
         let key = ident.load_key(&dir)?;
-        let server = opts
+        // Replicas of one server: after a failure, the next one.
+        let servers: Vec<String> = opts
             .server
             .clone()
+            .unwrap_or_else(|| ident.server_addr.clone())
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        let server = servers
+            .get(attempt % servers.len().max(1))
+            .cloned()
             .unwrap_or_else(|| ident.server_addr.clone());
+        attempt += 1;
         set_status(&dir, "connecting", &server, "");
         let started = Instant::now();
         let end = tokio::select! {

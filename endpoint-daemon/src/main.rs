@@ -42,7 +42,8 @@ enum Cmd {
     },
     /// Connect to the server and run commands (use as a service).
     Run {
-        /// Dial this HOST:PORT instead of the paired address.
+        /// Dial this HOST:PORT instead of the paired address; several,
+        /// comma-separated (replicas of one server), are tried in turn.
         #[arg(long)]
         server: Option<String>,
         /// Label to report for this machine (k=v, repeatable); labels an

@@ -9,6 +9,8 @@ use byom_protocol::pb::{self, CommandState};
 use byom_store::Store;
 use tokio::sync::{mpsc, Notify};
 
+use crate::cluster::{Cluster, Note};
+
 /// A connected daemon.
 pub struct LiveMachine {
     pub machine_id: String,
@@ -103,32 +105,86 @@ impl LiveMachine {
     }
 }
 
-/// The map of live connections, one per machine.
-#[derive(Default)]
-pub struct LiveMachines(Mutex<HashMap<String, Arc<LiveMachine>>>);
+/// The map of live connections, one per machine, on this server; with
+/// replicas, what the others hold is known through [`Cluster`].
+pub struct LiveMachines {
+    map: Mutex<HashMap<String, Arc<LiveMachine>>>,
+    pub cluster: Arc<Cluster>,
+}
+
+impl Default for LiveMachines {
+    fn default() -> Self {
+        Self::new(Cluster::alone())
+    }
+}
 
 impl LiveMachines {
-    pub fn get(&self, machine_id: &str) -> Option<Arc<LiveMachine>> {
-        self.0.lock().ok()?.get(machine_id).cloned()
+    pub fn new(cluster: Arc<Cluster>) -> LiveMachines {
+        LiveMachines {
+            map: Mutex::new(HashMap::new()),
+            cluster,
+        }
     }
 
-    /// Whether the machine has an open connection now.
+    pub fn get(&self, machine_id: &str) -> Option<Arc<LiveMachine>> {
+        self.map.lock().ok()?.get(machine_id).cloned()
+    }
+
+    /// Every machine connected here.
+    pub fn all(&self) -> Vec<Arc<LiveMachine>> {
+        self.map
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether the machine has an open connection now, here or on another
+    /// replica.
     pub fn online(&self, machine_id: &str) -> bool {
-        self.get(machine_id).is_some_and(|l| l.online())
+        match self.get(machine_id) {
+            Some(l) => l.online(),
+            None => self.cluster.online_elsewhere(machine_id),
+        }
+    }
+
+    /// There may be work for the machine: its dispatcher looks, wherever
+    /// its connection is.
+    pub fn wake(&self, machine_id: &str) {
+        match self.get(machine_id) {
+            Some(l) => l.wake(),
+            None => self.cluster.tell(Note::Wake(machine_id.to_string())),
+        }
+    }
+
+    /// Asks the machine's daemon to stop `cmd`, wherever its connection is.
+    pub fn cancel(&self, machine_id: &str, cmd: &str, reason: &str) {
+        match self.get(machine_id) {
+            Some(l) => {
+                l.cancel(cmd, reason);
+            }
+            None => self.cluster.tell(Note::Cancel(
+                machine_id.to_string(),
+                cmd.to_string(),
+                reason.to_string(),
+            )),
+        }
     }
 
     /// Adds a connection, returning the one it replaces.
     pub fn insert(&self, live: Arc<LiveMachine>) -> Option<Arc<LiveMachine>> {
-        self.0.lock().ok()?.insert(live.machine_id.clone(), live)
+        self.cluster.present(&live.machine_id, live.generation);
+        self.map.lock().ok()?.insert(live.machine_id.clone(), live)
     }
 
     /// Removes the machine's connection if it is still `generation`.
     pub fn remove_if(&self, machine_id: &str, generation: u64) -> bool {
-        let Ok(mut l) = self.0.lock() else {
+        let Ok(mut l) = self.map.lock() else {
             return false;
         };
         if l.get(machine_id).map(|x| x.generation) == Some(generation) {
             l.remove(machine_id);
+            drop(l);
+            self.cluster.absent(machine_id, generation);
             true
         } else {
             false
@@ -136,7 +192,9 @@ impl LiveMachines {
     }
 
     pub fn remove(&self, machine_id: &str) -> Option<Arc<LiveMachine>> {
-        self.0.lock().ok()?.remove(machine_id)
+        let l = self.map.lock().ok()?.remove(machine_id)?;
+        self.cluster.absent(machine_id, l.generation);
+        Some(l)
     }
 }
 
@@ -147,6 +205,8 @@ pub fn decorate(store: &Store, live: &LiveMachines, mut m: pb::Machine) -> pb::M
         m.online = l.online();
         m.paused = l.paused();
         m.running_commands = l.active_count() as u32;
+    } else if live.cluster.online_elsewhere(&m.id) {
+        m.online = true;
     }
     if let Ok(p) = store.pending_commands(&m.id) {
         m.queued_commands = p

@@ -36,6 +36,11 @@ pub async fn revoke(
     if let Some(l) = live.remove(machine_id) {
         l.conn.close(close::REVOKED.into(), reason.as_bytes());
     }
+    // Another replica may hold its connection.
+    live.cluster.tell(crate::cluster::Note::Revoke(
+        machine_id.to_string(),
+        reason.to_string(),
+    ));
     commands.machine_revoked(machine_id, reason).await?;
     tracing::info!(machine = %machine_id, "machine revoked: {reason}");
     Ok(m)

@@ -257,9 +257,13 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
 
     // The handles: each task gets the ones it needs.
     let shutdown = CancellationToken::new();
-    let live = Arc::new(LiveMachines::default());
+    let cluster = crate::cluster::Cluster::join(&store);
+    if cluster.shared() {
+        tracing::info!(replica = %cluster.replica, "one of the replicas sharing the store");
+    }
+    let live = Arc::new(LiveMachines::new(cluster.clone()));
     let commands = Commands::new(store.clone(), live.clone(), opts.offline_allowance);
-    let inbox = AgentInbox::new(store.clone());
+    let inbox = AgentInbox::new(store.clone()).in_cluster(cluster.clone());
     let triggers = Triggers::new(store.clone(), rules, inbox.clone()).with_context(
         agent_cfg.budgets.context_messages,
         agent_cfg.budgets.context_chars,
@@ -272,6 +276,8 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let idem = crate::idempotency::Idempotency::new(store.clone());
     let channels =
         crate::channels::Channels::new(store.clone(), triggers.clone(), shutdown.clone());
+    // With replicas, connectors run where the agents do (see agents::lease).
+    channels.set_active(!cluster.shared());
 
     let quic_cfg = crate::tls::quic_server_config(&identity.pki, identity.revoked.clone())?;
     let endpoint = quinn::Endpoint::new(
@@ -379,7 +385,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     ));
     let api = crate::admin::Api {
         store: store.clone(),
-        identity,
+        identity: identity.clone(),
         live: live.clone(),
         commands: commands.clone(),
         triggers: triggers.clone(),
@@ -395,7 +401,17 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         gates.api.clone(),
     ));
     let sweeper = tokio::spawn(sweep(commands.clone(), idem, shutdown.clone()));
-    let agents = tokio::spawn(driver::run(
+    let heartbeat = tokio::spawn(cluster.clone().heartbeat(shutdown.clone()));
+    let followers = tokio::spawn(crate::replicas::follow(
+        crate::replicas::Followers {
+            live: live.clone(),
+            commands: commands.clone(),
+            identity: identity.clone(),
+            inbox: inbox.clone(),
+        },
+        shutdown.clone(),
+    ));
+    let agents = tokio::spawn(crate::agents::lease::run(
         driver::Handles {
             store: store.clone(),
             live,
@@ -404,8 +420,10 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             inbox,
             channels,
             shutdown: shutdown.clone(),
+            fence: None,
         },
         agent_cfg,
+        cluster,
     ));
 
     byom_wire::shutdown_signal().await;
@@ -423,6 +441,8 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         let _ = api.await;
         let _ = sweeper.await;
         let _ = agents.await;
+        let _ = heartbeat.await;
+        let _ = followers.await;
     })
     .await;
     store.flush_async().await?;

@@ -341,6 +341,20 @@ impl Server {
         self.launch();
     }
 
+    /// Freezes the server process (SIGSTOP), as a long GC pause or a
+    /// suspended VM would.
+    pub fn sigstop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            kill(c, libc::SIGSTOP);
+        }
+    }
+
+    pub fn sigcont(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            kill(c, libc::SIGCONT);
+        }
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }

@@ -56,6 +56,7 @@ const TICK: Duration = Duration::from_secs(1);
 const MAX_RECORDS: usize = 10_000_000;
 
 /// What the server hands the agents.
+#[derive(Clone)]
 pub struct AgentConfig {
     pub router_model: Arc<dyn Model>,
     pub worker_model: Arc<dyn Model>,
@@ -66,6 +67,7 @@ pub struct AgentConfig {
 }
 
 /// The handles the driver works with.
+#[derive(Clone)]
 pub struct Handles {
     pub store: Store,
     pub live: Arc<LiveMachines>,
@@ -73,7 +75,10 @@ pub struct Handles {
     pub triggers: Triggers,
     pub inbox: AgentInbox,
     pub channels: Arc<crate::channels::Channels>,
+    /// Ends the agents: server shutdown, or (with replicas) the lease lost.
     pub shutdown: CancellationToken,
+    /// With replicas: the lease's epoch, which every commit is guarded by.
+    pub fence: Option<byom_store::Guard>,
 }
 
 struct Driver {
@@ -314,8 +319,19 @@ impl Driver {
     /// is still there and runs again).
     async fn commit(&mut self, ops: &[Op]) -> bool {
         let started = std::time::Instant::now();
-        let r = match self.h.store.batch(ops) {
-            Ok(()) => self.h.store.flush_async().await,
+        let applied = match &self.h.fence {
+            Some(g) => self.h.store.batch_if(g, ops),
+            None => self.h.store.batch(ops).map(|()| true),
+        };
+        let r = match applied {
+            Ok(true) => self.h.store.flush_async().await,
+            Ok(false) => {
+                // Another replica took the agents over while this one was
+                // away: nothing more from here, ever, under this epoch.
+                tracing::warn!("the agents' lease moved to another replica: standing down");
+                self.h.shutdown.cancel();
+                return false;
+            }
             Err(e) => Err(e),
         };
         let took = started.elapsed();
@@ -527,7 +543,7 @@ impl Driver {
                     | CommandState::Running
                     | CommandState::AwaitingLocalApproval
             );
-            if !held || self.h.live.get(&c.machine_id).is_some() {
+            if !held || self.h.live.online(&c.machine_id) {
                 self.told_offline.remove(&cmd);
                 continue;
             }

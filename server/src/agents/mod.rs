@@ -5,6 +5,7 @@
 //! reach it ([`AgentInbox`]).
 
 pub mod driver;
+pub mod lease;
 pub mod programs;
 pub mod world;
 
@@ -25,6 +26,8 @@ pub use world::lookup;
 pub struct AgentInbox {
     store: Store,
     bell: Arc<Notify>,
+    /// The agents may run on another replica.
+    cluster: Arc<crate::cluster::Cluster>,
 }
 
 impl AgentInbox {
@@ -32,7 +35,14 @@ impl AgentInbox {
         AgentInbox {
             store,
             bell: Arc::new(Notify::new()),
+            cluster: crate::cluster::Cluster::alone(),
         }
+    }
+
+    /// The inbox of agents that may run on any replica of `cluster`.
+    pub fn in_cluster(mut self, cluster: Arc<crate::cluster::Cluster>) -> AgentInbox {
+        self.cluster = cluster;
+        self
     }
 
     /// The write that puts `ev` in the inbox (to batch with others).
@@ -55,6 +65,7 @@ impl AgentInbox {
         self.store.batch(&ops)?;
         self.store.flush_async().await?;
         self.wake();
+        self.cluster.tell(crate::cluster::Note::Agents);
         Ok(())
     }
 

@@ -126,6 +126,10 @@ pub struct Channels {
     /// outbox's wake-up).
     running: Mutex<HashMap<String, Running>>,
     changed: Notify,
+    /// Whether this server runs the connectors: always alone; with
+    /// replicas, only the one that holds the agents' lease, so no message
+    /// is fetched or sent by two.
+    active: std::sync::atomic::AtomicBool,
 }
 
 struct Running {
@@ -142,7 +146,15 @@ impl Channels {
             shutdown,
             running: Mutex::new(HashMap::new()),
             changed: Notify::new(),
+            active: std::sync::atomic::AtomicBool::new(true),
         })
+    }
+
+    /// Runs (or stops) this server's connectors.
+    pub fn set_active(&self, active: bool) {
+        self.active
+            .store(active, std::sync::atomic::Ordering::SeqCst);
+        self.changed();
     }
 
     /// Connectors were added, changed or removed: look now.
@@ -177,6 +189,14 @@ impl Channels {
     }
 
     fn reconcile(self: &Arc<Self>) {
+        if !self.active.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Ok(mut r) = self.running.lock() {
+                for (_, run) in r.drain() {
+                    run.stop.cancel();
+                }
+            }
+            return;
+        }
         let connectors = match self.store.list_connectors() {
             Ok(c) => c,
             Err(e) => {

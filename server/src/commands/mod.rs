@@ -150,8 +150,22 @@ impl Commands {
         &self.inner.store
     }
 
-    /// Wakes everyone watching a command.
+    pub fn store_handle(&self) -> Store {
+        self.inner.store.clone()
+    }
+
+    /// Wakes everyone watching a command, on every replica.
     fn notify(&self, cmd: &str) {
+        self.notify_here(cmd);
+        self.inner
+            .live
+            .cluster
+            .tell(crate::cluster::Note::Command(cmd.to_string()));
+    }
+
+    /// Wakes whoever watches a command on this server: another replica
+    /// changed it, or may have.
+    pub fn notify_here(&self, cmd: &str) {
         if let Ok(mut w) = self.inner.watchers.lock() {
             if let Some(tx) = w.get(cmd) {
                 if tx.receiver_count() == 0 {
@@ -161,6 +175,15 @@ impl Commands {
                 }
             }
         }
+    }
+
+    /// The commands someone on this server watches.
+    pub fn watched(&self) -> Vec<String> {
+        self.inner
+            .watchers
+            .lock()
+            .map(|w| w.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Subscribe before reading the store, so no change is missed.
@@ -342,9 +365,7 @@ impl Commands {
         self.store().create_command(&c, &extra)?;
         // Acknowledged only once durable.
         self.flush().await?;
-        if let Some(live) = self.inner.live.get(&m.id) {
-            live.wake();
-        }
+        self.inner.live.wake(&m.id);
         Ok(c)
     }
 
@@ -424,9 +445,7 @@ impl Commands {
             })?,
         };
         if c.cancel_requested {
-            if let Some(live) = self.inner.live.get(&c.machine_id) {
-                live.cancel(&c.id, reason);
-            }
+            self.inner.live.cancel(&c.machine_id, &c.id, reason);
         }
         self.flush().await?;
         self.notify(&c.id);
@@ -501,7 +520,7 @@ impl Commands {
         let mut seen: HashMap<String, u64> = HashMap::new();
         let mut changed = false;
         for c in pending {
-            let online = self.inner.live.get(&c.machine_id).is_some();
+            let online = self.inner.live.online(&c.machine_id);
             if online || !ACTIVE.contains(&c.state()) {
                 continue;
             }

@@ -1,0 +1,273 @@
+//! Several `byom server` replicas on one PostgreSQL store: any replica
+//! serves any daemon and any CLI call, one of them runs the agents under a
+//! lease, and any of them can die.
+
+use std::time::{Duration, Instant};
+
+use byom_tests::{stderr, stdout, wait_for, Daemon, Server, SharedStore};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(60);
+
+fn replicas(dir: &std::path::Path, n: usize) -> (SharedStore, Vec<Server>) {
+    let store = SharedStore::in_dir(dir);
+    let servers = (0..n)
+        .map(|i| Server::replica(dir, &format!("r{i}"), &store, &[]))
+        .collect();
+    (store, servers)
+}
+
+fn addrs(servers: &[&Server]) -> String {
+    servers
+        .iter()
+        .map(|s| s.quic_addr.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The replica running the agents now (the last to say it took the lease
+/// and has not stood down since).
+fn lease_holder(servers: &[Server]) -> Option<usize> {
+    servers.iter().position(|s| {
+        let log = s.log();
+        let took = log.rfind("took the agents' lease");
+        let down = log.rfind("stood down from the agents");
+        took.is_some() && took > down && s.pid().is_some()
+    })
+}
+
+fn say(server: &Server, thread: &str, text: &str) {
+    server.json(&[
+        "events",
+        "send",
+        "--source",
+        "chat",
+        "--thread",
+        thread,
+        "--user",
+        "ada",
+        "--mention",
+        text,
+    ]);
+}
+
+fn replies(server: &Server, thread: &str) -> Vec<String> {
+    let out = server.byom(&["threads", "show", thread, "--json"]);
+    if !out.status.success() {
+        return Vec::new();
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["from_bot"] == true && m["user"] == "byom")
+                .map(|m| m["text"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn any_replica_serves_any_machine_and_any_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, s) = replicas(dir.path(), 3);
+    let (a, b, c) = (&s[0], &s[1], &s[2]);
+    // Paired through a, connected to b.
+    let tok = a.token(&["--name", "lap"]);
+    let mut d = Daemon::new(dir.path(), "lap");
+    d.pair(&tok, "lap");
+    d.server_override = Some(b.quic_addr.to_string());
+    d.start();
+    for r in [a, b, c] {
+        r.wait_online("lap", true, T);
+    }
+    // Created on a, run by b, streamed back through a.
+    let out = a.byom(&[
+        "exec",
+        "lap",
+        "--",
+        "sh",
+        "-c",
+        "echo one; sleep 0.3; echo two",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "one\ntwo\n");
+    // Cancelled through c while b runs it.
+    let id = a.detach("lap", &[], &["sleep", "30"]);
+    wait_for("running", T, || {
+        (a.command(&id)["state"] == "running").then_some(())
+    });
+    let out = c.byom(&["commands", "cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let done = c.wait_done(&id, T);
+    assert_eq!(done["state"], "cancelled", "{done}");
+
+    // A token is redeemed once, whichever replicas the tries reach.
+    let tok = c.token(&["--name", "contested"]);
+    let tries: Vec<_> = (0..6)
+        .map(|i| {
+            let r = &s[i % 3];
+            let d = Daemon::new(dir.path(), &format!("try{i}"));
+            std::process::Command::new(&d.exe)
+                .arg("--config-dir")
+                .arg(&d.config_dir)
+                .args(["pair", &tok, "--key-store", "file", "--server"])
+                .arg(r.quic_addr.to_string())
+                .env("BYOMD_KEY_STORE", "file")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let won = tries
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .filter(|o| o.status.success())
+        .count();
+    assert_eq!(won, 1, "a single-use token paired {won} machines");
+
+    // Revoked on a: the connection held by b closes within a second.
+    let t = Instant::now();
+    let out = a.byom(&["machines", "revoke", "lap"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for(
+        "the daemon told it was revoked",
+        Duration::from_secs(5),
+        || d.exited().map(|_| ()),
+    );
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(1) + Duration::from_millis(500),
+        "the revocation reached the daemon after {took:?}"
+    );
+    assert!(d.log().contains("revoked"), "{}", d.log());
+}
+
+#[test]
+fn killing_replicas_loses_nothing_and_runs_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, mut s) = replicas(dir.path(), 3);
+    let runs = dir.path().join("runs");
+    std::fs::create_dir_all(&runs).unwrap();
+    // Two daemons, each given every replica, starting on different ones.
+    let mut daemons = Vec::new();
+    for (i, name) in ["lap", "desk"].into_iter().enumerate() {
+        let tok = s[0].token(&["--name", name]);
+        let mut d = Daemon::new(dir.path(), name);
+        d.pair(&tok, name);
+        let order: Vec<&Server> = (0..3).map(|k| &s[(i + k) % 3]).collect();
+        d.server_override = Some(addrs(&order));
+        d.start();
+        daemons.push(d);
+    }
+    for name in ["lap", "desk"] {
+        s[2].wait_online(name, true, T);
+    }
+    let holder = wait_for("an agents' lease holder", T, || lease_holder(&s));
+    // A task for the agents, and detached commands through every replica,
+    // each leaving a mark per run.
+    say(
+        &s[(holder + 1) % 3],
+        "t1",
+        "please run `sleep 3; echo agent-done` on lap",
+    );
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let m = if i % 2 == 0 { "lap" } else { "desk" };
+        let mark = runs.join(format!("c{i}"));
+        let cmd = format!("sleep 2; echo run >> {}; echo done-{i}", mark.display());
+        ids.push((i, s[i % 3].detach(m, &[], &["sh", "-c", &cmd])));
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    // The replica holding the agents (and maybe a daemon) dies.
+    s[holder].kill9();
+    let survivor = &s[(holder + 1) % 3];
+    for (i, id) in &ids {
+        let c = survivor.wait_done(id, T);
+        assert_eq!(c["state"], "exited", "{c}");
+        assert_eq!(c["stdout"], format!("done-{i}\n"), "{c}");
+        let marks = std::fs::read_to_string(runs.join(format!("c{i}"))).unwrap();
+        assert_eq!(
+            marks,
+            "run\n",
+            "command {i} ran {} times",
+            marks.lines().count()
+        );
+    }
+    for name in ["lap", "desk"] {
+        survivor.wait_online(name, true, T);
+    }
+    // The agents moved and finished the task.
+    let new_holder = wait_for("the lease to move", T, || {
+        lease_holder(&s).filter(|h| *h != holder)
+    });
+    let r = wait_for("the agent's reply", T, || {
+        let r = replies(&s[new_holder], "t1");
+        r.iter().any(|m| m.contains("agent-done")).then_some(r)
+    });
+    assert_eq!(
+        r.iter().filter(|m| m.contains("agent-done")).count(),
+        1,
+        "replies: {r:?}"
+    );
+    let ran = survivor
+        .json(&["commands", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["argv"].to_string().contains("agent-done")
+                || c["shell"].as_str().unwrap_or("").contains("agent-done")
+        })
+        .count();
+    assert_eq!(ran, 1, "the agent's command was created {ran} times");
+}
+
+#[test]
+fn a_paused_lease_holder_is_fenced_and_stands_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, mut s) = replicas(dir.path(), 2);
+    let tok = s[0].token(&["--name", "lap"]);
+    let mut d = Daemon::new(dir.path(), "lap");
+    d.pair(&tok, "lap");
+    d.server_override = Some(addrs(&[&s[0], &s[1]]));
+    d.start();
+    s[0].wait_online("lap", true, T);
+    let holder = wait_for("a lease holder", T, || lease_holder(&s));
+    let other = 1 - holder;
+    // Frozen past its lease: the other takes over.
+    s[holder].sigstop();
+    wait_for("the other replica to take over", T, || {
+        s[other]
+            .log()
+            .contains("took the agents' lease")
+            .then_some(())
+    });
+    say(&s[other], "t2", "please run `echo after-takeover` on lap");
+    wait_for("the new holder's reply", T, || {
+        replies(&s[other], "t2")
+            .iter()
+            .any(|m| m.contains("after-takeover"))
+            .then_some(())
+    });
+    // Woken, the old holder finds its epoch gone and stands down.
+    s[holder].sigcont();
+    wait_for("the old holder to stand down", T, || {
+        s[holder]
+            .log()
+            .contains("stood down from the agents")
+            .then_some(())
+    });
+    // Work goes on, once each, under the new holder.
+    say(&s[holder], "t3", "please run `echo still-once` on lap");
+    let r = wait_for("a reply", T, || {
+        let r = replies(&s[other], "t3");
+        r.iter().any(|m| m.contains("still-once")).then_some(r)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let r2 = replies(&s[other], "t3");
+    assert_eq!(r.len(), r2.len(), "replies kept coming: {r2:?}");
+}
