@@ -40,8 +40,11 @@ struct Inner {
 }
 
 impl Inner {
-    fn release(&mut self, ip: IpAddr) {
+    fn release(&mut self, ip: IpAddr, per_address: bool) {
         self.held = self.held.saturating_sub(1);
+        if !per_address {
+            return;
+        }
         if let Some(n) = self.per_ip.get_mut(&ip) {
             *n -= 1;
             if *n == 0 {
@@ -57,6 +60,10 @@ pub struct Ticket {
     ip: IpAddr,
     seq: u64,
     evict: CancellationToken,
+    /// Counted against its address until established: many machines
+    /// behind one NAT may all stay connected, but only so many may be
+    /// mid-handshake at once.
+    per_address: std::sync::atomic::AtomicBool,
 }
 
 impl Gate {
@@ -85,7 +92,7 @@ impl Gate {
             };
             // Uncounted now; its holder sees the token and hangs up.
             token.cancel();
-            i.release(old_ip);
+            i.release(old_ip, true);
             tracing::debug!(gate = self.what, %old_ip, "full: the oldest unfinished connection makes room");
         }
         let seq = i.next;
@@ -99,15 +106,28 @@ impl Gate {
             ip,
             seq,
             evict,
+            per_address: std::sync::atomic::AtomicBool::new(true),
         })
     }
 }
 
 impl Ticket {
-    /// The handshake is done: it is a client now, no longer evictable.
+    /// The handshake is done: it is a client now, no longer evictable,
+    /// and no longer counted against its address (still in the total).
     pub fn established(&self) {
         let mut i = self.gate.inner.lock().unwrap_or_else(|p| p.into_inner());
         i.unfinished.remove(&self.seq);
+        if self
+            .per_address
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            if let Some(n) = i.per_ip.get_mut(&self.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    i.per_ip.remove(&self.ip);
+                }
+            }
+        }
     }
 
     /// Completes when the gate evicted this connection to make room.
@@ -170,7 +190,8 @@ impl Drop for Ticket {
         i.unfinished.remove(&self.seq);
         // An evicted ticket's place was freed when it was evicted.
         if !self.evict.is_cancelled() {
-            i.release(self.ip);
+            let per_address = self.per_address.load(std::sync::atomic::Ordering::SeqCst);
+            i.release(self.ip, per_address);
         }
     }
 }
@@ -286,6 +307,25 @@ mod tests {
         drop(a1);
         let _a3 = g.admit(ip(1)).unwrap();
         assert_eq!(g.held(), 2);
+    }
+
+    #[test]
+    fn established_connections_leave_their_address_free_but_count_in_all() {
+        let g = Gate::new("t", 4, 2);
+        let a = g.admit(ip(1)).unwrap();
+        let b = g.admit(ip(1)).unwrap();
+        assert_eq!(g.admit(ip(1)).err(), Some(Refused::PerAddress));
+        // Many machines behind one NAT: established ones do not count.
+        a.established();
+        b.established();
+        let c = g.admit(ip(1)).unwrap();
+        let _d = g.admit(ip(1)).unwrap();
+        assert_eq!(g.held(), 4);
+        drop((a, b));
+        c.established();
+        assert_eq!(g.held(), 2);
+        let _e = g.admit(ip(1)).unwrap();
+        assert_eq!(g.admit(ip(1)).err(), Some(Refused::PerAddress));
     }
 
     #[test]
