@@ -146,34 +146,53 @@ fn any_replica_serves_any_machine_and_any_call() {
     assert!(d.log().contains("revoked"), "{}", d.log());
 }
 
+const PARALLEL: &str = "check `echo one`, `echo two` and `echo three` on lap in parallel, then ask me before running `echo cleaned-up`";
+
+fn commands_with(server: &Server, text: &str) -> usize {
+    server
+        .json(&["commands", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c.to_string().contains(text))
+        .count()
+}
+
 #[test]
 fn killing_replicas_loses_nothing_and_runs_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
     let (_store, mut s) = replicas(dir.path(), 3);
     let runs = dir.path().join("runs");
     std::fs::create_dir_all(&runs).unwrap();
-    // Two daemons, each given every replica, starting on different ones.
+    // The victim is the replica running the agents; lap connects to it
+    // first, desk to another. Both are given every replica.
+    let victim = wait_for("an agents' lease holder", T, || lease_holder(&s));
+    let (x, y) = ((victim + 1) % 3, (victim + 2) % 3);
     let mut daemons = Vec::new();
-    for (i, name) in ["lap", "desk"].into_iter().enumerate() {
-        let tok = s[0].token(&["--name", name]);
+    for (name, first) in [("lap", victim), ("desk", x)] {
+        let tok = s[x].token(&["--name", name]);
         let mut d = Daemon::new(dir.path(), name);
         d.pair(&tok, name);
-        let order: Vec<&Server> = (0..3).map(|k| &s[(i + k) % 3]).collect();
+        let order: Vec<&Server> = (0..3).map(|k| &s[(first + k) % 3]).collect();
         d.server_override = Some(addrs(&order));
         d.start();
         daemons.push(d);
     }
     for name in ["lap", "desk"] {
-        s[2].wait_online(name, true, T);
+        s[y].wait_online(name, true, T);
     }
-    let holder = wait_for("an agents' lease holder", T, || lease_holder(&s));
-    // A task for the agents, and detached commands through every replica,
-    // each leaving a mark per run.
-    say(
-        &s[(holder + 1) % 3],
-        "t1",
-        "please run `sleep 3; echo agent-done` on lap",
-    );
+    // A program paused for approval, and a task in flight.
+    say(&s[x], "p1", PARALLEL);
+    wait_for("the approval", T, || {
+        (!s[y]
+            .json(&["approvals", "ls"])
+            .as_array()
+            .unwrap()
+            .is_empty())
+        .then_some(())
+    });
+    say(&s[y], "t1", "please run `sleep 3; echo agent-done` on lap");
+    // Detached commands through every replica, each leaving a mark per run.
     let mut ids = Vec::new();
     for i in 0..6 {
         let m = if i % 2 == 0 { "lap" } else { "desk" };
@@ -181,10 +200,27 @@ fn killing_replicas_loses_nothing_and_runs_nothing_twice() {
         let cmd = format!("sleep 2; echo run >> {}; echo done-{i}", mark.display());
         ids.push((i, s[i % 3].detach(m, &[], &["sh", "-c", &cmd])));
     }
+    // And one attached through a survivor, on the machine the victim holds.
+    let attached = s[x]
+        .byom_cmd(&[
+            "exec",
+            "lap",
+            "--",
+            "sh",
+            "-c",
+            "echo before; sleep 3; echo after",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(800));
-    // The replica holding the agents (and maybe a daemon) dies.
-    s[holder].kill9();
-    let survivor = &s[(holder + 1) % 3];
+    s[victim].kill9();
+    let survivor = &s[x];
+
+    let out = attached.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "before\nafter\n");
     for (i, id) in &ids {
         let c = survivor.wait_done(id, T);
         assert_eq!(c["state"], "exited", "{c}");
@@ -200,30 +236,39 @@ fn killing_replicas_loses_nothing_and_runs_nothing_twice() {
     for name in ["lap", "desk"] {
         survivor.wait_online(name, true, T);
     }
-    // The agents moved and finished the task.
-    let new_holder = wait_for("the lease to move", T, || {
-        lease_holder(&s).filter(|h| *h != holder)
+    // The agents moved, finished the task and resume the paused program.
+    wait_for("the lease to move", T, || {
+        lease_holder(&s).filter(|h| *h != victim)
     });
-    let r = wait_for("the agent's reply", T, || {
-        let r = replies(&s[new_holder], "t1");
-        r.iter().any(|m| m.contains("agent-done")).then_some(r)
+    wait_for("the agent's reply", T, || {
+        replies(survivor, "t1")
+            .iter()
+            .any(|m| m.contains("agent-done"))
+            .then_some(())
     });
-    assert_eq!(
-        r.iter().filter(|m| m.contains("agent-done")).count(),
-        1,
-        "replies: {r:?}"
-    );
-    let ran = survivor
-        .json(&["commands", "ls"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| {
-            c["argv"].to_string().contains("agent-done")
-                || c["shell"].as_str().unwrap_or("").contains("agent-done")
-        })
-        .count();
-    assert_eq!(ran, 1, "the agent's command was created {ran} times");
+    let open = survivor.json(&["approvals", "ls"]);
+    let apr = open[0]["id"]
+        .as_str()
+        .expect("the pause survived")
+        .to_string();
+    let out = s[y].byom(&["approvals", "approve", &apr, "--answer", "\"ship it\""]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("the program's result", T, || {
+        replies(survivor, "p1")
+            .iter()
+            .any(|m| m.contains("cleaned-up"))
+            .then_some(())
+    });
+    // Nothing the agents ran, ran twice.
+    for c in [
+        "agent-done",
+        "echo one",
+        "echo two",
+        "echo three",
+        "echo cleaned-up",
+    ] {
+        assert_eq!(commands_with(survivor, c), 1, "{c}");
+    }
 }
 
 #[test]

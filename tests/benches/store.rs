@@ -1,0 +1,238 @@
+//! Store benchmark (run with `cargo bench -p byom-tests --bench store`,
+//! after `cargo build --release -p byom-control-plane -p byom-daemon`).
+//!
+//! In one run, on loopback, real `byom server` and `byomd` processes:
+//!  1. baseline: spawn `true` locally, one at a time and 64 at once;
+//!  2. the API round trip of `true` (create, run, exit stored) on the
+//!     embedded store (sled) and on PostgreSQL (a private cluster with
+//!     fsync on, as in production): p50 and overhead over the local spawn;
+//!  3. commands/s through one sled server, and through 1, 2 and 3
+//!     replicas on PostgreSQL (daemons and API clients spread across them);
+//!  4. the agents' takeover time after `kill -9` of the lease holder.
+//!
+//! Figures only mean something relative to each other in the same run.
+//! BENCH_N round trips (default 300), BENCH_COMMANDS commands (default
+//! 2000), BENCH_DAEMONS daemons (default 8).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use byom_tests::{Daemon, Server, SharedStore};
+use tokio::sync::Semaphore;
+
+const CONCURRENCY: usize = 64;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn p50(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// `daemons` byomd processes, machine `m{i}` each, dialling the replicas
+/// in turn (a different first one each).
+fn daemons(dir: &std::path::Path, servers: &[&Server], n: usize) -> Vec<Daemon> {
+    (0..n)
+        .map(|i| {
+            let s = servers[i % servers.len()];
+            let mut d = Daemon::new(dir, &format!("m{i}"));
+            d.pair(&s.token(&[]), &format!("m{i}"));
+            let order: Vec<String> = (0..servers.len())
+                .map(|k| servers[(i + k) % servers.len()].quic_addr.to_string())
+                .collect();
+            d.server_override = Some(order.join(","));
+            d.start();
+            d
+        })
+        .collect()
+}
+
+async fn client(s: &Server) -> byom_api::Client {
+    let creds = byom_api::load_creds(Some(&s.creds()), Some(&s.api_addr.to_string())).unwrap();
+    byom_api::connect(&creds).await.unwrap()
+}
+
+/// Round trips of `true` on machine m0 through `s`, after a warm-up.
+async fn round_trips(s: &Server, n: usize) -> Vec<Duration> {
+    let mut c = client(s).await;
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n + 20 {
+        let d = byom_tests::api_round_trip(&mut c, "m0").await;
+        if i >= 20 {
+            v.push(d);
+        }
+    }
+    v
+}
+
+/// `m` commands through the replicas `servers` (round-robin), 64 at once,
+/// over `machines` machines: commands/s.
+async fn throughput(servers: &[&Server], machines: usize, m: usize) -> f64 {
+    let mut clients = Vec::new();
+    for s in servers {
+        clients.push(client(s).await);
+    }
+    let sem = Arc::new(Semaphore::new(CONCURRENCY));
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..m {
+        let sem = sem.clone();
+        let mut c = clients[i % clients.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let _p = sem.acquire().await.unwrap();
+            byom_tests::api_round_trip(&mut c, &format!("m{}", i % machines)).await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    m as f64 / t.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let n = env("BENCH_N", 300);
+    let m = env("BENCH_COMMANDS", 2000);
+    let k = env("BENCH_DAEMONS", 8);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+
+    // Baselines.
+    let local: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            assert!(std::process::Command::new("true")
+                .status()
+                .unwrap()
+                .success());
+            t.elapsed()
+        })
+        .collect();
+    let local = p50(local);
+    let local_rate = rt.block_on(async {
+        let sem = Arc::new(Semaphore::new(CONCURRENCY));
+        let t = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..m {
+            let sem = sem.clone();
+            tasks.push(tokio::spawn(async move {
+                let _p = sem.acquire().await.unwrap();
+                tokio::process::Command::new("true").status().await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        m as f64 / t.elapsed().as_secs_f64()
+    });
+
+    // sled.
+    let sled_dir = tempfile::tempdir().unwrap();
+    let sled = Server::replica_unstarted(sled_dir.path(), "server", None);
+    let mut sled = sled;
+    sled.launch();
+    let sled_daemons = daemons(sled_dir.path(), &[&sled], k);
+    for i in 0..k {
+        sled.wait_online(&format!("m{i}"), true, Duration::from_secs(60));
+    }
+    let sled_rt = p50(rt.block_on(round_trips(&sled, n)));
+    let sled_rate = rt.block_on(throughput(&[&sled], k, m));
+    drop(sled_daemons);
+    drop(sled);
+
+    // PostgreSQL, 1 to 3 replicas, one cluster per size (a fresh database).
+    let mut pg_rt = Duration::ZERO;
+    let mut pg_rates = Vec::new();
+    for replicas in 1..=3 {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = Arc::new(byom_store::testing::PgCluster::start_durable());
+        let store = SharedStore {
+            url: cluster.url("byom"),
+            cluster,
+            key_file: dir.path().join("store.key"),
+        };
+        let servers: Vec<Server> = (0..replicas)
+            .map(|i| Server::replica(dir.path(), &format!("r{i}"), &store, &[]))
+            .collect();
+        let refs: Vec<&Server> = servers.iter().collect();
+        let ds = daemons(dir.path(), &refs, k);
+        for i in 0..k {
+            refs[0].wait_online(&format!("m{i}"), true, Duration::from_secs(60));
+        }
+        if replicas == 1 {
+            pg_rt = p50(rt.block_on(round_trips(refs[0], n)));
+        }
+        pg_rates.push(rt.block_on(throughput(&refs, k, m)));
+        drop(ds);
+    }
+
+    // Takeover: two replicas, kill -9 the one running the agents.
+    let dir = tempfile::tempdir().unwrap();
+    let store = SharedStore::in_dir(dir.path());
+    let mut servers: Vec<Server> = (0..2)
+        .map(|i| Server::replica(dir.path(), &format!("t{i}"), &store, &[]))
+        .collect();
+    let holder = byom_tests::wait_for("a lease holder", Duration::from_secs(30), || {
+        servers
+            .iter()
+            .position(|s| s.log().contains("took the agents' lease"))
+    });
+    let other = 1 - holder;
+    servers[holder].kill9();
+    let t = Instant::now();
+    byom_tests::wait_for("the takeover", Duration::from_secs(30), || {
+        servers[other]
+            .log()
+            .contains("took the agents' lease")
+            .then_some(())
+    });
+    let takeover = t.elapsed();
+
+    println!(
+        "\nstore ({} build, loopback, {k} daemons, {m} commands {CONCURRENCY} at once)",
+        if cfg!(debug_assertions) {
+            "DEBUG"
+        } else {
+            "release"
+        }
+    );
+    println!(
+        "spawn `true` locally, p50:              {:.3} ms",
+        ms(local)
+    );
+    println!(
+        "API round trip p50, sled:               {:.3} ms (overhead {:.3} ms over local)",
+        ms(sled_rt),
+        ms(sled_rt.saturating_sub(local))
+    );
+    println!(
+        "API round trip p50, PostgreSQL:         {:.3} ms (overhead {:.3} ms; {:.2}x sled)",
+        ms(pg_rt),
+        ms(pg_rt.saturating_sub(local)),
+        pg_rt.as_secs_f64() / sled_rt.as_secs_f64()
+    );
+    println!("local spawns, {CONCURRENCY} at once:            {local_rate:.0}/s");
+    println!(
+        "commands/s, one sled server:            {sled_rate:.0} ({:.2}x local)",
+        sled_rate / local_rate
+    );
+    for (i, r) in pg_rates.iter().enumerate() {
+        println!(
+            "commands/s, PostgreSQL, {} replica(s):   {r:.0} ({:.2}x sled)",
+            i + 1,
+            r / sled_rate
+        );
+    }
+    println!(
+        "agents' takeover after kill -9 of the lease holder: {:.2} s (lease {} s)",
+        takeover.as_secs_f64(),
+        4
+    );
+}
