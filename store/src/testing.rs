@@ -70,22 +70,21 @@ impl PgCluster {
     /// A cluster without fsync: for tests, where a crash of the machine is
     /// not what is being tested.
     pub fn start() -> PgCluster {
-        let temp = tempfile::Builder::new()
-            .prefix("byom-pg")
-            .tempdir()
-            .expect("temp dir");
-        let mut c = Self::start_in(temp.path(), false);
-        c._temp = Some(temp);
-        c
+        Self::start_temp(false)
     }
 
     /// A cluster that fsyncs as a production one does: for benchmarks.
     pub fn start_durable() -> PgCluster {
+        Self::start_temp(true)
+    }
+
+    /// A cluster in a temp dir of its own, removed on drop.
+    fn start_temp(fsync: bool) -> PgCluster {
         let temp = tempfile::Builder::new()
             .prefix("byom-pg")
             .tempdir()
             .expect("temp dir");
-        let mut c = Self::start_in(temp.path(), true);
+        let mut c = Self::start_in(temp.path(), fsync);
         c._temp = Some(temp);
         c
     }

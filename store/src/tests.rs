@@ -426,8 +426,15 @@ impl Backend for SlowFlushes {
     }
 }
 
-#[test]
-fn concurrent_flushes_are_shared_and_each_covers_its_caller() {
+/// A store on [`SlowFlushes`] and a runtime with `threads` workers.
+fn slow_flushes(
+    threads: usize,
+) -> (
+    tempfile::TempDir,
+    Arc<SlowFlushes>,
+    Store,
+    tokio::runtime::Runtime,
+) {
     let dir = tempfile::tempdir().unwrap();
     let kv = Arc::new(SlowFlushes {
         inner: SledBackend::open(dir.path()).unwrap(),
@@ -436,10 +443,16 @@ fn concurrent_flushes_are_shared_and_each_covers_its_caller() {
     });
     let s = Store::new(kv.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
+        .worker_threads(threads)
         .enable_all()
         .build()
         .unwrap();
+    (dir, kv, s, rt)
+}
+
+#[test]
+fn concurrent_flushes_are_shared_and_each_covers_its_caller() {
+    let (_dir, kv, s, rt) = slow_flushes(4);
     const CALLERS: usize = 64;
     let calls: Vec<(u128, u128)> = rt.block_on(async {
         let mut tasks = Vec::new();
@@ -477,18 +490,7 @@ fn concurrent_flushes_are_shared_and_each_covers_its_caller() {
 
 #[test]
 fn callers_dropped_mid_flush_do_not_strand_the_others() {
-    let dir = tempfile::tempdir().unwrap();
-    let kv = Arc::new(SlowFlushes {
-        inner: SledBackend::open(dir.path()).unwrap(),
-        t0: std::time::Instant::now(),
-        flushes: Default::default(),
-    });
-    let s = Store::new(kv.clone());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (_dir, kv, s, rt) = slow_flushes(2);
     rt.block_on(async {
         for round in 0..5 {
             // Whoever leads this flush is cancelled 2 ms into its 15 ms.

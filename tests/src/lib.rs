@@ -75,6 +75,12 @@ fn kill(child: &mut Child, sig: i32) {
     }
 }
 
+fn signal(child: &mut Option<Child>, sig: i32) {
+    if let Some(c) = child.as_mut() {
+        kill(c, sig);
+    }
+}
+
 /// Writes `<dir>/server/<file>`: a config file for the server that
 /// `Server::start(dir)` then starts.
 pub fn server_config(dir: &Path, file: &str, text: &str) {
@@ -344,15 +350,31 @@ impl Server {
     /// Freezes the server process (SIGSTOP), as a long GC pause or a
     /// suspended VM would.
     pub fn sigstop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            kill(c, libc::SIGSTOP);
-        }
+        signal(&mut self.child, libc::SIGSTOP);
     }
 
     pub fn sigcont(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            kill(c, libc::SIGCONT);
+        signal(&mut self.child, libc::SIGCONT);
+    }
+
+    /// The agent's replies on a chat thread, oldest first.
+    pub fn replies(&self, thread: &str) -> Vec<String> {
+        let out = self.byom(&["threads", "show", thread, "--json"]);
+        if !out.status.success() {
+            // Shown, so a wait that times out says why it saw nothing.
+            eprintln!("byom threads show {thread}: {}", stderr(&out));
+            return Vec::new();
         }
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v["messages"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .filter(|m| m["from_bot"] == true && m["user"] == "byom")
+                    .map(|m| m["text"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -645,16 +667,12 @@ impl Daemon {
 
     /// Freezes the daemon process, as a laptop's sleep does (SIGSTOP).
     pub fn sigstop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            kill(c, libc::SIGSTOP);
-        }
+        signal(&mut self.child, libc::SIGSTOP);
     }
 
     /// Wakes it again (SIGCONT).
     pub fn sigcont(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            kill(c, libc::SIGCONT);
-        }
+        signal(&mut self.child, libc::SIGCONT);
     }
 
     /// Exit status if the daemon process ended.

@@ -42,20 +42,7 @@ fn say(server: &Server, thread: &str, text: &str) -> Value {
 
 /// The agent's replies on a thread, oldest first.
 fn replies(server: &Server, thread: &str) -> Vec<String> {
-    let out = server.byom(&["threads", "show", thread, "--json"]);
-    if !out.status.success() {
-        // Shown, so a wait that times out says why it saw nothing.
-        eprintln!("byom threads show {thread}: {}", stderr(&out));
-        return Vec::new();
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["from_bot"] == true && m["user"] == "byom")
-        .map(|m| m["text"].as_str().unwrap().to_string())
-        .collect()
+    server.replies(thread)
 }
 
 fn wait_replies(server: &Server, thread: &str, n: usize) -> Vec<String> {

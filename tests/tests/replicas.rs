@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use byom_tests::{stderr, stdout, wait_for, Daemon, Server, SharedStore};
-use serde_json::Value;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -49,23 +48,6 @@ fn say(server: &Server, thread: &str, text: &str) {
         "--mention",
         text,
     ]);
-}
-
-fn replies(server: &Server, thread: &str) -> Vec<String> {
-    let out = server.byom(&["threads", "show", thread, "--json"]);
-    if !out.status.success() {
-        return Vec::new();
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["messages"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .filter(|m| m["from_bot"] == true && m["user"] == "byom")
-                .map(|m| m["text"].as_str().unwrap_or("").to_string())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[test]
@@ -241,7 +223,8 @@ fn killing_replicas_loses_nothing_and_runs_nothing_twice() {
         lease_holder(&s).filter(|h| *h != victim)
     });
     wait_for("the agent's reply", T, || {
-        replies(survivor, "t1")
+        survivor
+            .replies("t1")
             .iter()
             .any(|m| m.contains("agent-done"))
             .then_some(())
@@ -254,7 +237,8 @@ fn killing_replicas_loses_nothing_and_runs_nothing_twice() {
     let out = s[y].byom(&["approvals", "approve", &apr, "--answer", "\"ship it\""]);
     assert!(out.status.success(), "{}", stderr(&out));
     wait_for("the program's result", T, || {
-        replies(survivor, "p1")
+        survivor
+            .replies("p1")
             .iter()
             .any(|m| m.contains("cleaned-up"))
             .then_some(())
@@ -293,7 +277,8 @@ fn a_paused_lease_holder_is_fenced_and_stands_down() {
     });
     say(&s[other], "t2", "please run `echo after-takeover` on lap");
     wait_for("the new holder's reply", T, || {
-        replies(&s[other], "t2")
+        s[other]
+            .replies("t2")
             .iter()
             .any(|m| m.contains("after-takeover"))
             .then_some(())
@@ -309,10 +294,10 @@ fn a_paused_lease_holder_is_fenced_and_stands_down() {
     // Work goes on, once each, under the new holder.
     say(&s[holder], "t3", "please run `echo still-once` on lap");
     let r = wait_for("a reply", T, || {
-        let r = replies(&s[other], "t3");
+        let r = s[other].replies("t3");
         r.iter().any(|m| m.contains("still-once")).then_some(r)
     });
     std::thread::sleep(Duration::from_secs(2));
-    let r2 = replies(&s[other], "t3");
+    let r2 = s[other].replies("t3");
     assert_eq!(r.len(), r2.len(), "replies kept coming: {r2:?}");
 }
