@@ -49,7 +49,7 @@ impl Followers {
                         .close(close::REPLACED.into(), b"replaced by a newer connection");
                 }
             }
-            Note::Agents => self.inbox.wake(),
+            Note::Agents => self.inbox.wake_here(),
             Note::Resync => self.look(),
         }
     }
@@ -62,7 +62,7 @@ impl Followers {
         for c in self.commands.watched() {
             self.commands.notify_here(&c);
         }
-        self.inbox.wake();
+        self.inbox.wake_here();
     }
 
     /// Machines revoked on another replica whose note was missed: the

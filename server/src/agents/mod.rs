@@ -65,12 +65,18 @@ impl AgentInbox {
         self.store.batch(&ops)?;
         self.store.flush_async().await?;
         self.wake();
-        self.cluster.tell(crate::cluster::Note::Agents);
         Ok(())
     }
 
-    /// Something was written to the inbox.
+    /// Something was written to the inbox: the agents look, on whichever
+    /// replica runs them.
     pub fn wake(&self) {
+        self.bell.notify_one();
+        self.cluster.tell(crate::cluster::Note::Agents);
+    }
+
+    /// Another replica wrote to the inbox (or may have): look here.
+    pub fn wake_here(&self) {
         self.bell.notify_one();
     }
 
