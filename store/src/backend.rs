@@ -57,7 +57,8 @@ pub enum Space {
     /// Replica ID → when its liveness expires (BE u64 ms).
     Replicas,
     /// Leases (`agents`: holder, epoch, expiry) and their epochs, which
-    /// every fenced write is guarded by.
+    /// every fenced write is guarded by; one-time claims (`answer/apr_…`:
+    /// who answered an approval first).
     Leases,
 }
 

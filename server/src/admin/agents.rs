@@ -364,8 +364,24 @@ impl Api {
             answer: args.get("answer").cloned().unwrap_or(Value::Null),
             by: by.to_string(),
         };
+        // Answered once: the core takes the answer only later (on whichever
+        // replica runs it, perhaps after a takeover), so the approval still
+        // reads open to a second answer until then.
+        let once = format!("answer/{id}");
+        if !self
+            .store
+            .create_raw(Space::Leases, &once, by.as_bytes())
+            .map_err(store_err)?
+        {
+            return Err(Status::failed_precondition(format!(
+                "{id} was already answered"
+            )));
+        }
         let reply = json!({"id": id, "approved": approved});
-        self.enqueue(&ev, id, &reply, claim).await?;
+        if let Err(e) = self.enqueue(&ev, id, &reply, claim).await {
+            let _ = self.store.delete_raw(Space::Leases, &once);
+            return Err(e);
+        }
         Ok(reply)
     }
 
