@@ -102,7 +102,7 @@ const BATCH_IF_SQL: &str = "WITH g AS (
 
 impl Conn {
     async fn open(url: &str) -> Result<Conn> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(pg)?;
+        let (client, connection) = connect(url).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::warn!("PostgreSQL connection ended: {e}");
@@ -270,13 +270,32 @@ fn wait<T: Send + 'static>(
     }
 }
 
+/// How long connecting to the database may take, unless the URL says
+/// (`connect_timeout=`): an unreachable database is an error, not a hang.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn connect(
+    url: &str,
+) -> Result<(
+    Client,
+    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+)> {
+    let mut cfg: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| StoreError::Io(format!("not a PostgreSQL URL: {e}")))?;
+    if cfg.get_connect_timeout().is_none() {
+        cfg.connect_timeout(CONNECT_TIMEOUT);
+    }
+    cfg.connect(NoTls).await.map_err(pg)
+}
+
 /// Hears every replica's notices, for as long as the backend lives:
 /// reconnects after a lost connection, and then says `*` (some may have
 /// been missed).
 async fn listen(url: Arc<str>, tx: tokio::sync::broadcast::Sender<String>) {
     use futures_util::StreamExt;
     loop {
-        match tokio_postgres::connect(&url, NoTls).await {
+        match connect(&url).await {
             Ok((client, mut connection)) => {
                 let notes = tx.clone();
                 let driver = tokio::spawn(async move {
@@ -303,7 +322,7 @@ async fn listen(url: Arc<str>, tx: tokio::sync::broadcast::Sender<String>) {
                 }
                 let _ = driver.await;
             }
-            Err(e) => tracing::warn!("cannot open the store's notice connection: {}", pg(e)),
+            Err(e) => tracing::warn!("cannot open the store's notice connection: {e}"),
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
@@ -312,7 +331,7 @@ async fn listen(url: Arc<str>, tx: tokio::sync::broadcast::Sender<String>) {
 /// Brings the schema to [`SCHEMA_VERSION`], one step per transaction,
 /// under a lock so replicas starting together migrate once.
 async fn migrate(url: &str) -> Result<()> {
-    let (mut client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(pg)?;
+    let (mut client, connection) = connect(url).await?;
     let driver = tokio::spawn(connection);
     let r = async {
         client

@@ -750,3 +750,15 @@ fn a_write_fenced_by_an_old_epoch_is_refused_on_both_backends() {
         assert_eq!(s.get_raw(Space::Agents, "r/x").unwrap().unwrap(), b"first");
     });
 }
+
+#[test]
+fn an_unreachable_or_malformed_database_is_a_clear_error() {
+    let e = PgBackend::connect("postgres://byom@127.0.0.1:1/byom")
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("PostgreSQL"), "{e}");
+    let e = PgBackend::connect("postgres://byom@127.0.0.1:1/byom?sslmode=nonsense")
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("not a PostgreSQL URL"), "{e}");
+}
