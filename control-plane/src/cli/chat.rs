@@ -33,6 +33,10 @@ pub struct ChatArgs {
     pub replies: usize,
 }
 
+/// How often `byom chat` looks again at a thread that was answered but
+/// whose work has not settled yet.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Bot lines `byom chat` keeps while it does not yet know its thread's ID.
 const CHAT_EARLY_REPLIES: usize = 256;
 
@@ -65,8 +69,16 @@ pub async fn run(c: &mut Client, mut a: ChatArgs) -> anyhow::Result<i32> {
             seen += 1;
             max != 0 && seen >= max
         };
+        // Answered but not settled yet (a worker's last turn can end just
+        // after the reply it made): look again until it is.
+        let mut answered = false;
         loop {
             tokio::select! {
+                _ = tokio::time::sleep(SETTLE_POLL), if answered => {
+                    if settled(&mut probe, &thread).await {
+                        return;
+                    }
+                }
                 m = tail.message() => {
                     let Ok(Some(t)) = m else { return };
                     if !(t.from_bot && t.user == "byom") {
@@ -77,10 +89,11 @@ pub async fn run(c: &mut Client, mut a: ChatArgs) -> anyhow::Result<i32> {
                             early.pop_front();
                         }
                         early.push_back(t);
-                    } else if t.thread_id == thread
-                        && (print(&t) || (until_settled && settled(&mut probe, &thread).await))
-                    {
-                        return;
+                    } else if t.thread_id == thread {
+                        if print(&t) || (until_settled && settled(&mut probe, &thread).await) {
+                            return;
+                        }
+                        answered = until_settled;
                     }
                 }
                 r = thread_rx.changed(), if thread.is_empty() => {
@@ -98,8 +111,11 @@ pub async fn run(c: &mut Client, mut a: ChatArgs) -> anyhow::Result<i32> {
                             }
                         }
                     }
-                    if printed && until_settled && settled(&mut probe, &thread).await {
-                        return;
+                    if printed && until_settled {
+                        if settled(&mut probe, &thread).await {
+                            return;
+                        }
+                        answered = true;
                     }
                 }
             }
