@@ -3,7 +3,8 @@
 //! ([`admin`]), webhooks and trigger ingest, the commands service (the only
 //! writer of command state), the agents' driver around the deterministic
 //! core of `byom-agent` with programs in the real interpreter, the model
-//! providers, and the PKI.
+//! providers, the PKI, and what replicas sharing a store tell each other
+//! (`cluster`, `replicas`, the agents' lease).
 //!
 //! It never parses command lines (the `byom` binary does, and calls
 //! [`run`]) and never knows how the daemon runs processes: it sends
@@ -14,8 +15,9 @@
 //! cancellation token), never one shared state.
 //!
 //! Public: [`run`] with its options, [`ServerInfo`] (the `server.json` it
-//! writes), and [`SandboxPrograms`] for running the agents' simulator with
-//! the real interpreter.
+//! writes), [`migrate_store`] (`byom store migrate`), and
+//! [`SandboxPrograms`] for running the agents' simulator with the real
+//! interpreter.
 
 mod admin;
 mod admins;

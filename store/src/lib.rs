@@ -2,10 +2,12 @@
 //!
 //! [`Backend`] is the small key-value contract a storage engine meets (get,
 //! put, compare-and-swap, ordered ranges, atomic batches across keyspaces,
-//! a durable flush); sled is the embedded default. [`Store`] builds byom's
-//! typed records on it (tokens, machines, commands with their output,
-//! threads, triggers, policies, connectors and the outbox), so a second backend plugs in without
-//! touching the code above. Records are the protobuf messages of the API.
+//! batches guarded by a key's value, a durable flush, notices to the other
+//! processes sharing the store); sled is the embedded default, PostgreSQL
+//! ([`PgBackend`]) the one replicas share. [`Store`] builds byom's typed
+//! records on it (tokens, machines, commands with their output, threads,
+//! triggers, policies, connectors and the outbox) without knowing which
+//! backend it has. Records are the protobuf messages of the API.
 //!
 //! It must never know about agents, gRPC, QUIC, TLS or wasmtime: the
 //! agents' state is opaque bytes under keys their own crate lays out
@@ -16,7 +18,8 @@
 //! `CommandState::can_become`; a command and its queue entry appear
 //! together.
 //!
-//! Key types: [`Store`], [`Backend`], [`Space`], [`Op`], [`StoreError`].
+//! Key types: [`Store`], [`Backend`] ([`SledBackend`], [`PgBackend`]),
+//! [`Space`], [`Op`], [`Guard`], [`StoreError`].
 
 mod backend;
 mod blobs;
