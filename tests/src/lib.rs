@@ -357,6 +357,23 @@ impl Server {
         signal(&mut self.child, libc::SIGCONT);
     }
 
+    /// Says `text` on chat thread `thread` as ada, addressed to the agent;
+    /// what `byom events send` answered.
+    pub fn say(&self, thread: &str, text: &str) -> Value {
+        self.json(&[
+            "events",
+            "send",
+            "--source",
+            "chat",
+            "--thread",
+            thread,
+            "--user",
+            "ada",
+            "--mention",
+            text,
+        ])
+    }
+
     /// The agent's replies on a chat thread, oldest first.
     pub fn replies(&self, thread: &str) -> Vec<String> {
         let out = self.byom(&["threads", "show", thread, "--json"]);

@@ -35,21 +35,6 @@ fn lease_holder(servers: &[Server]) -> Option<usize> {
     })
 }
 
-fn say(server: &Server, thread: &str, text: &str) {
-    server.json(&[
-        "events",
-        "send",
-        "--source",
-        "chat",
-        "--thread",
-        thread,
-        "--user",
-        "ada",
-        "--mention",
-        text,
-    ]);
-}
-
 #[test]
 fn any_replica_serves_any_machine_and_any_call() {
     let dir = tempfile::tempdir().unwrap();
@@ -164,7 +149,7 @@ fn killing_replicas_loses_nothing_and_runs_nothing_twice() {
         s[y].wait_online(name, true, T);
     }
     // A program paused for approval, and a task in flight.
-    say(&s[x], "p1", PARALLEL);
+    s[x].say("p1", PARALLEL);
     wait_for("the approval", T, || {
         (!s[y]
             .json(&["approvals", "ls"])
@@ -173,7 +158,7 @@ fn killing_replicas_loses_nothing_and_runs_nothing_twice() {
             .is_empty())
         .then_some(())
     });
-    say(&s[y], "t1", "please run `sleep 3; echo agent-done` on lap");
+    s[y].say("t1", "please run `sleep 3; echo agent-done` on lap");
     // Detached commands through every replica, each leaving a mark per run.
     let mut ids = Vec::new();
     for i in 0..6 {
@@ -275,7 +260,7 @@ fn a_paused_lease_holder_is_fenced_and_stands_down() {
             .contains("took the agents' lease")
             .then_some(())
     });
-    say(&s[other], "t2", "please run `echo after-takeover` on lap");
+    s[other].say("t2", "please run `echo after-takeover` on lap");
     wait_for("the new holder's reply", T, || {
         s[other]
             .replies("t2")
@@ -292,7 +277,7 @@ fn a_paused_lease_holder_is_fenced_and_stands_down() {
             .then_some(())
     });
     // Work goes on, once each, under the new holder.
-    say(&s[holder], "t3", "please run `echo still-once` on lap");
+    s[holder].say("t3", "please run `echo still-once` on lap");
     let r = wait_for("a reply", T, || {
         let r = s[other].replies("t3");
         r.iter().any(|m| m.contains("still-once")).then_some(r)
