@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use byom_store::{Backend, Op, PgBackend, SledBackend, Space, Store};
 
-use crate::vault::Vault;
+use crate::vault::{Vault, CA, SERVER, SNAPSHOT_KEY, TOKEN_KEY, WEBHOOK_KEY};
 
 /// Rows (or bytes) per write to the destination.
 const CHUNK_ROWS: usize = 500;
@@ -29,14 +29,11 @@ pub struct MigrateReport {
 
 /// The secret groups of a data dir, as the server's vault names them.
 const GROUPS: [(&str, &[&str]); 5] = [
-    ("ca", &["pki/ca.pem", "pki/ca.key"]),
-    (
-        "server",
-        &["pki/server.key", "pki/server.pem", "pki/server.names"],
-    ),
-    ("token.key", &["token.key"]),
-    ("webhook.key", &["webhook.key"]),
-    ("js-snapshot.key", &["js-snapshot.key"]),
+    (CA.0, &CA.1),
+    (SERVER.0, &SERVER.1),
+    (TOKEN_KEY, &[TOKEN_KEY]),
+    (WEBHOOK_KEY, &[WEBHOOK_KEY]),
+    (SNAPSHOT_KEY, &[SNAPSHOT_KEY]),
 ];
 
 /// Copies everything under `data_dir` into the empty store at `url`.

@@ -16,7 +16,7 @@ use rcgen::{
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use crate::vault::Vault;
+use crate::vault::{Vault, CA, SERVER};
 
 pub use byom_wire::{hex, now_ms, sha256, write_atomic};
 
@@ -146,7 +146,7 @@ impl Pki {
         admin_dir: &Path,
         server_names: &[String],
     ) -> Result<Self> {
-        let ca = match vault.load("ca", &["pki/ca.key", "pki/ca.pem"])? {
+        let ca = match vault.load(CA.0, &CA.1)? {
             Some(v) => v,
             None => {
                 let key = KeyPair::generate()?;
@@ -163,17 +163,15 @@ impl Pki {
                 params.serial_number = Some(random_serial());
                 validity(&mut params, CA_TTL);
                 let cert = params.self_signed(&key)?;
-                // The certificate first: in a data dir, the key's file is
-                // what says the CA exists.
-                let mut v = vault.create(
-                    "ca",
+                // Read back only when every file of it is there: a crash
+                // between the two writes makes a new CA, never half of one.
+                vault.create(
+                    CA.0,
                     &[
-                        ("pki/ca.pem", cert.pem(), 0o644),
-                        ("pki/ca.key", key.serialize_pem(), 0o600),
+                        (CA.1[0], key.serialize_pem(), 0o600),
+                        (CA.1[1], cert.pem(), 0o644),
                     ],
-                )?;
-                v.reverse();
-                v
+                )?
             }
         };
         let [ca_key, ca_pem] = <[String; 2]>::try_from(ca)
@@ -192,9 +190,8 @@ impl Pki {
             server_key_der: PrivatePkcs8KeyDer::from(Vec::new()),
         };
 
-        const SERVER: [&str; 3] = ["pki/server.key", "pki/server.pem", "pki/server.names"];
         let wanted_names = server_names.join(",");
-        let mut server = vault.load("server", &SERVER)?;
+        let mut server = vault.load(SERVER.0, &SERVER.1)?;
         let reuse = match &server {
             Some(v) => v[2] == wanted_names && fresh(&v[1]),
             None => false,
@@ -218,16 +215,16 @@ impl Pki {
             validity(&mut params, SERVER_CERT_TTL);
             let cert = params.signed_by(&key, pki.issuer()?)?;
             let items = [
-                (SERVER[0], key.serialize_pem(), 0o600),
-                (SERVER[1], cert.pem(), 0o644),
-                (SERVER[2], wanted_names, 0o644),
+                (SERVER.1[0], key.serialize_pem(), 0o600),
+                (SERVER.1[1], cert.pem(), 0o644),
+                (SERVER.1[2], wanted_names, 0o644),
             ];
             server = Some(if server.is_some() {
-                vault.replace("server", &items)?;
+                vault.replace(SERVER.0, &items)?;
                 items.into_iter().map(|i| i.1).collect()
             } else {
                 // Replicas starting together must end up with one key.
-                vault.create("server", &items)?
+                vault.create(SERVER.0, &items)?
             });
         }
         let server = server.unwrap_or_default();
@@ -358,21 +355,15 @@ fn fresh(pem: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn in_dir(dir: &Path, names: &[String]) -> Result<Pki> {
+        Pki::load_or_create(&Vault::Dir(dir.into()), &dir.join("admin"), names)
+    }
+
     #[test]
     fn a_reissued_server_certificate_keeps_its_key() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Pki::load_or_create(
-            &Vault::Dir(dir.path().into()),
-            &dir.path().join("admin"),
-            &["one.example".into()],
-        )
-        .unwrap();
-        let b = Pki::load_or_create(
-            &Vault::Dir(dir.path().into()),
-            &dir.path().join("admin"),
-            &["two.example".into()],
-        )
-        .unwrap();
+        let a = in_dir(dir.path(), &["one.example".into()]).unwrap();
+        let b = in_dir(dir.path(), &["two.example".into()]).unwrap();
         assert_ne!(
             a.server_cert_der, b.server_cert_der,
             "new names, new certificate"
@@ -387,12 +378,7 @@ mod tests {
     #[test]
     fn ca_signs_machine_csr_with_role() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::load_or_create(
-            &Vault::Dir(dir.path().into()),
-            &dir.path().join("admin"),
-            &["127.0.0.1".into()],
-        )
-        .unwrap();
+        let pki = in_dir(dir.path(), &["127.0.0.1".into()]).unwrap();
         let key = KeyPair::generate().unwrap();
         let csr = CertificateParams::default()
             .serialize_request(&key)
@@ -410,12 +396,7 @@ mod tests {
             .sign_machine("garbage", "mch_x", Duration::from_secs(60))
             .is_err());
         // Reloading keeps the same CA.
-        let again = Pki::load_or_create(
-            &Vault::Dir(dir.path().into()),
-            &dir.path().join("admin"),
-            &["127.0.0.1".into()],
-        )
-        .unwrap();
+        let again = in_dir(dir.path(), &["127.0.0.1".into()]).unwrap();
         assert_eq!(again.ca_sha256, pki.ca_sha256);
         let admin =
             inspect(&pem_to_der(&read(&dir.path().join("admin/admin.pem")).unwrap()).unwrap())

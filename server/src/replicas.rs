@@ -22,7 +22,7 @@ pub struct Followers {
 }
 
 impl Followers {
-    fn act(&self, note: Note) {
+    async fn act(&self, note: Note) {
         match note {
             Note::Wake(m) => {
                 if let Some(l) = self.live.get(&m) {
@@ -35,12 +35,7 @@ impl Followers {
                 }
             }
             Note::Command(c) => self.commands.notify_here(&c),
-            Note::Revoke(m, why) => {
-                self.identity.revoked.insert(&m);
-                if let Some(l) = self.live.remove(&m) {
-                    l.conn.close(close::REVOKED.into(), why.as_bytes());
-                }
-            }
+            Note::Revoke(m, why) => self.revoke(&m, &why),
             Note::Connected(m) => {
                 // The daemon is on another replica now: what is held here
                 // is a connection it gave up.
@@ -50,36 +45,63 @@ impl Followers {
                 }
             }
             Note::Agents => self.inbox.wake_here(),
-            Note::Resync => self.look(),
+            Note::Resync => self.look().await,
         }
     }
 
-    /// Everything a missed note could have said.
-    fn look(&self) {
-        for l in self.live.all() {
-            l.wake();
+    fn revoke(&self, machine: &str, why: &str) {
+        self.identity.revoked.insert(machine);
+        if let Some(l) = self.live.remove(machine) {
+            l.conn.close(close::REVOKED.into(), why.as_bytes());
+        }
+    }
+
+    /// Everything a missed note could have said, from the store in one
+    /// look: the machines held here with queued work or revoked, the
+    /// commands watched here, the agents' inbox.
+    async fn look(&self) {
+        let live: Vec<String> = self
+            .live
+            .all()
+            .iter()
+            .map(|l| l.machine_id.clone())
+            .collect();
+        let store = self.commands.store().clone();
+        let found = tokio::task::spawn_blocking(move || {
+            let queued: std::collections::HashSet<String> = store
+                .all_pending()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|c| c.state() == byom_protocol::pb::CommandState::Queued)
+                .map(|c| c.machine_id)
+                .collect();
+            let revoked: Vec<String> = live
+                .into_iter()
+                .filter(|m| {
+                    store
+                        .get_machine(m)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|m| m.revoked)
+                })
+                .collect();
+            (queued, revoked)
+        })
+        .await;
+        if let Ok((queued, revoked)) = found {
+            for m in revoked {
+                self.revoke(&m, "revoked");
+            }
+            for l in self.live.all() {
+                if queued.contains(&l.machine_id) {
+                    l.wake();
+                }
+            }
         }
         for c in self.commands.watched() {
             self.commands.notify_here(&c);
         }
         self.inbox.wake_here();
-    }
-
-    /// Machines revoked on another replica whose note was missed: the
-    /// store says so.
-    async fn revoked_elsewhere(&self) {
-        for l in self.live.all() {
-            let store = self.commands.store_handle();
-            let id = l.machine_id.clone();
-            let revoked = tokio::task::spawn_blocking(move || store.get_machine(&id))
-                .await
-                .ok()
-                .and_then(|r| r.ok().flatten())
-                .is_some_and(|m| m.revoked);
-            if revoked {
-                self.act(Note::Revoke(l.machine_id.clone(), "revoked".into()));
-            }
-        }
     }
 }
 
@@ -87,7 +109,7 @@ impl Followers {
 /// embedded store).
 pub async fn follow(f: Followers, shutdown: CancellationToken) {
     let cluster = f.live.cluster.clone();
-    let Some(mut notes) = f.commands.store_handle().notices() else {
+    let Some(mut notes) = f.commands.store().notices() else {
         return;
     };
     let mut backstop = tokio::time::interval(BACKSTOP);
@@ -95,19 +117,16 @@ pub async fn follow(f: Followers, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = backstop.tick() => {
-                f.look();
-                f.revoked_elsewhere().await;
-            }
+            _ = backstop.tick() => f.look().await,
             n = notes.recv() => match n {
                 Ok(text) => match Note::decode(&text) {
-                    Some((from, note)) if from != cluster.replica => f.act(note),
+                    Some((from, note)) if from != cluster.replica => f.act(note).await,
                     Some(_) => {}
                     None => tracing::debug!("unknown note from a replica: {text}"),
                 },
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "fell behind the other replicas' notes: looking again");
-                    f.look();
+                    f.look().await;
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },

@@ -212,7 +212,7 @@ fn identity(
             revoked.insert(&m.id);
         }
     }
-    let token_key = vault.key("token.key")?;
+    let token_key = vault.key(crate::vault::TOKEN_KEY)?;
     Ok(ServerIdentity {
         pki,
         site,
@@ -239,11 +239,11 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let tcp_addr = bound.tcp.local_addr()?;
     let api_addr = bound.api.local_addr()?;
     let webhook_addr = bound.webhook.local_addr()?;
-    let webhook_key = vault.key("webhook.key")?;
+    let webhook_key = vault.key(crate::vault::WEBHOOK_KEY)?;
     if matches!(vault, Vault::Sealed { .. }) {
         // For the operator, like the admin credentials: the key webhook
         // senders sign with. The server reads it from the store.
-        let path = opts.data_dir.join("webhook.key");
+        let path = opts.data_dir.join(crate::vault::WEBHOOK_KEY);
         byom_wire::write_atomic(&path, &webhook_key, 0o600)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -652,7 +652,7 @@ fn agent_config(
             None => Budgets::default(),
         },
     };
-    let js_key = vault.key("js-snapshot.key")?;
+    let js_key = vault.key(crate::vault::SNAPSHOT_KEY)?;
     tracing::info!(router = %router, worker = %worker, "agent models");
     Ok(AgentConfig {
         router_model: crate::model::from_spec(&router, m)?,

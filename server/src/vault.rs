@@ -37,6 +37,17 @@ pub enum VaultError {
 
 type Result<T> = std::result::Result<T, VaultError>;
 
+/// The server's secret groups and the names (data-dir paths) in each:
+/// the CA, the server's certificate, and its keys.
+pub const CA: (&str, [&str; 2]) = ("ca", ["pki/ca.key", "pki/ca.pem"]);
+pub const SERVER: (&str, [&str; 3]) = (
+    "server",
+    ["pki/server.key", "pki/server.pem", "pki/server.names"],
+);
+pub const TOKEN_KEY: &str = "token.key";
+pub const WEBHOOK_KEY: &str = "webhook.key";
+pub const SNAPSHOT_KEY: &str = "js-snapshot.key";
+
 /// What a sealed value starts with, so a later format can be told apart.
 const SEALED_V1: &[u8] = b"byom-sealed-1:";
 /// Sealed in the store at first start, opened at every start: a wrong key
@@ -124,7 +135,7 @@ impl Vault {
         Ok(v)
     }
 
-    fn seal(&self, key: &LessSafeKey, group: &str, plain: &[u8]) -> Result<Vec<u8>> {
+    fn seal(key: &LessSafeKey, group: &str, plain: &[u8]) -> Result<Vec<u8>> {
         let mut nonce = [0u8; NONCE_LEN];
         SystemRandom::new()
             .fill(&mut nonce)
@@ -197,7 +208,7 @@ impl Vault {
             // The data dir is locked to this process: no one to race.
             Vault::Dir(_) => self.replace(group, items)?,
             Vault::Sealed { store, key, .. } => {
-                let sealed = self.seal(key, group, &Self::encode(items))?;
+                let sealed = Self::seal(key, group, &Self::encode(items))?;
                 if !store.create_raw(Space::Secrets, group, &sealed)? {
                     // Another replica was first: take what it wrote.
                     return self
@@ -220,7 +231,7 @@ impl Vault {
                 Ok(())
             }
             Vault::Sealed { store, key, .. } => {
-                let sealed = self.seal(key, group, &Self::encode(items))?;
+                let sealed = Self::seal(key, group, &Self::encode(items))?;
                 Ok(store.put_raw(Space::Secrets, group, &sealed)?)
             }
         }

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use prost::Message;
 
 pub use backend::{Backend, Guard, Kv, Op, Space};
-pub use pg_backend::{PgBackend, SCHEMA_VERSION};
+pub use pg_backend::PgBackend;
 pub use sled_backend::SledBackend;
 
 #[derive(Debug, thiserror::Error)]
@@ -197,9 +197,9 @@ async fn flush_logged(kv: Arc<dyn Backend>) -> Result<()> {
     let mut task = tokio::task::spawn_blocking(move || kv.flush());
     loop {
         tokio::select! {
-        r = &mut task => {
-            return r.map_err(|e| StoreError::Io(format!("flush task failed: {e}")))?;
-        }
+            r = &mut task => {
+                return r.map_err(|e| StoreError::Io(format!("flush task failed: {e}")))?;
+            }
             _ = tokio::time::sleep(SLOW_FLUSH) => {
                 // A disk that stalls (or a store that hangs) shows in
                 // the log rather than as silence.
@@ -339,11 +339,6 @@ impl Store {
 
     pub fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         self.kv.notices()
-    }
-
-    /// Every entry of `space` (small spaces only: presence, replicas).
-    pub fn scan_all(&self, space: Space) -> Result<Vec<(String, Vec<u8>)>> {
-        self.scan_prefix(space, "", MAX_LIST)
     }
 
     pub fn delete_raw(&self, space: Space, key: &str) -> Result<()> {

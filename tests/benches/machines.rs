@@ -131,36 +131,16 @@ fn main() {
         let rss1 = rss_kib(pid);
 
         // Baseline: local spawns with the same concurrency.
-        let t = Instant::now();
-        let sem = Arc::new(Semaphore::new(CONCURRENCY));
-        let mut tasks = Vec::new();
-        for _ in 0..m {
-            let sem = sem.clone();
-            tasks.push(tokio::spawn(async move {
-                let _p = sem.acquire().await.unwrap();
-                tokio::process::Command::new("true").status().await.unwrap();
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let local = m as f64 / t.elapsed().as_secs_f64();
+        let local = byom_tests::per_second(m, CONCURRENCY, |_| byom_tests::spawn_true()).await;
 
         // Commands through the API, round-robin over machines.
-        let t = Instant::now();
-        let mut tasks = Vec::new();
-        for i in 0..m {
-            let sem = sem.clone();
+        let byom = byom_tests::per_second(m, CONCURRENCY, |i| {
             let mut c = client.clone();
-            tasks.push(tokio::spawn(async move {
-                let _p = sem.acquire().await.unwrap();
+            async move {
                 byom_tests::api_round_trip(&mut c, &format!("m{}", i % n)).await;
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let byom = m as f64 / t.elapsed().as_secs_f64();
+            }
+        })
+        .await;
         let rss2 = rss_kib(pid);
         shutdown.cancel();
 

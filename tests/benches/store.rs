@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use byom_tests::{Daemon, Server, SharedStore};
-use tokio::sync::Semaphore;
 
 const CONCURRENCY: usize = 64;
 
@@ -81,21 +80,13 @@ async fn throughput(servers: &[&Server], machines: usize, m: usize) -> f64 {
     for s in servers {
         clients.push(client(s).await);
     }
-    let sem = Arc::new(Semaphore::new(CONCURRENCY));
-    let t = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..m {
-        let sem = sem.clone();
+    byom_tests::per_second(m, CONCURRENCY, |i| {
         let mut c = clients[i % clients.len()].clone();
-        tasks.push(tokio::spawn(async move {
-            let _p = sem.acquire().await.unwrap();
+        async move {
             byom_tests::api_round_trip(&mut c, &format!("m{}", i % machines)).await;
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    m as f64 / t.elapsed().as_secs_f64()
+        }
+    })
+    .await
 }
 
 fn main() {
@@ -116,22 +107,9 @@ fn main() {
         })
         .collect();
     let local = p50(local);
-    let local_rate = rt.block_on(async {
-        let sem = Arc::new(Semaphore::new(CONCURRENCY));
-        let t = Instant::now();
-        let mut tasks = Vec::new();
-        for _ in 0..m {
-            let sem = sem.clone();
-            tasks.push(tokio::spawn(async move {
-                let _p = sem.acquire().await.unwrap();
-                tokio::process::Command::new("true").status().await.unwrap();
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        m as f64 / t.elapsed().as_secs_f64()
-    });
+    let local_rate = rt.block_on(byom_tests::per_second(m, CONCURRENCY, |_| {
+        byom_tests::spawn_true()
+    }));
 
     // sled.
     let sled_dir = tempfile::tempdir().unwrap();

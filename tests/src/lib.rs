@@ -738,6 +738,37 @@ pub fn stderr(o: &Output) -> String {
 /// Runs `true` on `machine` through the admin API (CreateCommand, then
 /// WatchCommand until the stored exit) and returns the round-trip time.
 /// Panics unless it exited successfully: benchmarks must not time failures.
+/// Runs `job(i)` for `i` in `0..n`, at most `concurrency` at once, and
+/// returns how many per second: the benchmarks' throughput figure, for
+/// byom and for the local baseline alike.
+pub async fn per_second<F, Fut>(n: usize, concurrency: usize, job: F) -> f64
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let sem = sem.clone();
+        let fut = job(i);
+        tasks.push(tokio::spawn(async move {
+            let _p = sem.acquire().await.expect("semaphore open");
+            fut.await;
+        }));
+    }
+    for t in tasks {
+        t.await.expect("job");
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Spawns `true` locally and waits for it: the baseline job.
+pub async fn spawn_true() {
+    let s = tokio::process::Command::new("true").status().await;
+    assert!(s.is_ok_and(|s| s.success()), "true failed");
+}
+
 pub async fn api_round_trip(c: &mut byom_api::Client, machine: &str) -> Duration {
     use byom_protocol::pb;
     let t = Instant::now();

@@ -146,12 +146,8 @@ impl Commands {
         }
     }
 
-    fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.inner.store
-    }
-
-    pub fn store_handle(&self) -> Store {
-        self.inner.store.clone()
     }
 
     /// Wakes everyone watching a command, on every replica.
