@@ -266,7 +266,8 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
     let runner = Arc::new(Runner::with_policy(policy));
     runner.set_draining(trial.is_some());
     let mut backoff = limits::RECONNECT_BACKOFF_MIN;
-    let mut attempt = 0usize;
+    // Which of the server's addresses to dial: the next one after a failure.
+    let mut next = 0usize;
     tracing::info!(instance = %runner.instance_id, "byomd starting");
     loop {
         let ident = Identity::load(&dir)?;
@@ -274,7 +275,7 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
             bail!("this machine was revoked by the server; run `byomd unpair`, then pair it again with a new token");
         }
         let key = ident.load_key(&dir)?;
-        // Replicas of one server: after a failure, the next one.
+        // Replicas of one server (`--server a,b,c`).
         let servers: Vec<String> = opts
             .server
             .clone()
@@ -284,10 +285,9 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
             .filter(|s| !s.is_empty())
             .collect();
         let server = servers
-            .get(attempt % servers.len().max(1))
+            .get(next % servers.len().max(1))
             .cloned()
             .unwrap_or_else(|| ident.server_addr.clone());
-        attempt += 1;
         set_status(&dir, "connecting", &server, "");
         let started = Instant::now();
         let end = tokio::select! {
@@ -332,6 +332,7 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
                 bail!("{why}");
             }
             Ok(End::Lost(why, stable)) => {
+                next += 1;
                 tracing::warn!("disconnected from {server}: {why}");
                 set_status(&dir, "reconnecting", &server, &why);
                 if stable || started.elapsed() >= STABLE_AFTER {
@@ -339,6 +340,7 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
                 }
             }
             Err(e) => {
+                next += 1;
                 let why = format!("{e:#}");
                 tracing::warn!("cannot connect to {server}: {why}");
                 set_status(&dir, "reconnecting", &server, &why);
