@@ -120,10 +120,29 @@ fn main() {
     for i in 0..k {
         sled.wait_online(&format!("m{i}"), true, Duration::from_secs(60));
     }
+    if let Ok(secs) = std::env::var("BENCH_PAUSE") {
+        // Time to attach a tracer to the server and the first daemon.
+        eprintln!(
+            "server pid {:?}, daemon m0 pid {:?}",
+            sled.pid(),
+            sled_daemons[0].pid()
+        );
+        std::thread::sleep(Duration::from_secs(secs.parse().unwrap_or(10)));
+    }
     let sled_rt = p50(rt.block_on(round_trips(&sled, n)));
     let sled_rate = rt.block_on(throughput(&[&sled], k, m));
     drop(sled_daemons);
     drop(sled);
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("sled") {
+        println!(
+            "spawn `true` locally, p50: {:.3} ms; sled round trip p50 {:.3} ms (overhead {:.3} ms); local {local_rate:.0}/s; sled {sled_rate:.0}/s ({:.2}x)",
+            ms(local),
+            ms(sled_rt),
+            ms(sled_rt.saturating_sub(local)),
+            sled_rate / local_rate
+        );
+        return;
+    }
 
     // PostgreSQL, 1 to 3 replicas, one cluster per size (a fresh database).
     let mut pg_rt = Duration::ZERO;

@@ -636,6 +636,10 @@ impl Daemon {
         );
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "daemon already running");
         let log = std::fs::OpenOptions::new()
