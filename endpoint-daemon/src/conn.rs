@@ -877,13 +877,18 @@ async fn serve_entry(
         }
         if !sent_started {
             if let Some(s) = entry.started() {
-                write_frame(
-                    &mut send,
-                    &ToServer {
-                        msg: Some(to_server::Msg::Started(s)),
-                    },
-                )
-                .await?;
+                // A command that already ended says when it started in its
+                // exit record: one frame and one store write fewer. After
+                // an approval the server needs to hear it runs first.
+                if exit.is_none() || sent_approval {
+                    write_frame(
+                        &mut send,
+                        &ToServer {
+                            msg: Some(to_server::Msg::Started(s)),
+                        },
+                    )
+                    .await?;
+                }
                 sent_started = true;
             }
         }

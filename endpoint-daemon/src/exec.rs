@@ -568,9 +568,11 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(
     stream: Stream,
     scrub: Arc<std::sync::Mutex<Scrubber>>,
 ) {
-    let mut raw = vec![0u8; limits::MAX_OUTPUT_CHUNK_BYTES];
+    // Filled without zeroing first: most commands print little or nothing.
+    let mut raw = Vec::with_capacity(limits::MAX_OUTPUT_CHUNK_BYTES);
     loop {
-        let n: usize = r.read(&mut raw).await.unwrap_or_default();
+        raw.clear();
+        let n: usize = r.read_buf(&mut raw).await.unwrap_or_default();
         // Secret values never leave the machine: split across reads, or
         // between stdout and stderr, or encoded.
         let out = match scrub.lock() {
@@ -818,6 +820,7 @@ async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb
         Some((state, reason)) => exit_record(state, reason, t0, started_at_ms),
         None => exit_record(CommandState::Exited, String::new(), t0, started_at_ms),
     };
+    exit.pid = pid;
     match status {
         Ok(s) => {
             exit.exit_code = s.code();

@@ -164,8 +164,12 @@ pub fn remove(dir: &Path, name: &str) -> anyhow::Result<bool> {
 /// Every secret's value, for substitution and scrubbing.
 pub fn load_values(dir: &Path) -> anyhow::Result<BTreeMap<String, String>> {
     let f = load(dir)?;
-    let kind = store_kind(dir);
     let mut out = BTreeMap::new();
+    // Read per command: with no secrets, one failed open is all it costs.
+    if f.secrets.is_empty() {
+        return Ok(out);
+    }
+    let kind = store_kind(dir);
     for (name, v) in f.secrets {
         let value = match kind {
             KeyStore::File => v,

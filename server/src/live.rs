@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::MutexGuard;
 use std::sync::{Arc, Mutex};
 
 use byom_protocol::pb::{self, CommandState};
@@ -22,10 +23,28 @@ pub struct LiveMachine {
     pub max_concurrency: usize,
     /// The owner paused the daemon: dispatch nothing.
     pub paused: AtomicBool,
-    /// Commands with an open stream on this connection → their cancel bell.
-    active: Mutex<HashMap<String, mpsc::Sender<String>>>,
-    /// Rung whenever this machine may have commands to dispatch.
+    slots: Mutex<Slots>,
+    /// The dispatcher should read the machine's queue in the store.
+    look: AtomicBool,
+    /// The queue may hold commands the dispatcher has not taken: a freed
+    /// slot is then a reason to look again. Without it, a command's end
+    /// costs no read of the queue.
+    backlog: AtomicBool,
+    /// Rung whenever the dispatcher has something to do.
     work: Notify,
+}
+
+/// The connection's command slots (at most `max_concurrency` in use).
+#[derive(Default)]
+struct Slots {
+    /// Commands with an open stream on this connection → their cancel bell.
+    active: HashMap<String, mpsc::Sender<String>>,
+    /// Slots promised to commands stored `dispatched` whose stream is not
+    /// open yet.
+    reserved: usize,
+    /// Commands created straight into a reserved slot, for the dispatcher
+    /// to send.
+    handed: Vec<pb::Command>,
 }
 
 impl LiveMachine {
@@ -44,7 +63,10 @@ impl LiveMachine {
             generation,
             max_concurrency,
             paused: AtomicBool::new(paused),
-            active: Mutex::new(HashMap::new()),
+            slots: Mutex::default(),
+            // A new connection reads its queue once.
+            look: AtomicBool::new(true),
+            backlog: AtomicBool::new(true),
             work: Notify::new(),
         }
     }
@@ -64,42 +86,101 @@ impl LiveMachine {
         }
     }
 
+    fn slots(&self) -> MutexGuard<'_, Slots> {
+        // The bookkeeping stays consistent under each lock: a panic
+        // elsewhere does not make it wrong.
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Commands with a stream open now.
     pub fn active_count(&self) -> usize {
-        self.active.lock().map(|a| a.len()).unwrap_or(0)
+        self.slots().active.len()
+    }
+
+    /// Commands with a stream open or promised a slot.
+    pub fn in_flight(&self) -> usize {
+        let s = self.slots();
+        s.active.len() + s.reserved
+    }
+
+    /// Promises up to `n` free slots; returns how many.
+    pub fn reserve(&self, n: usize) -> usize {
+        let mut s = self.slots();
+        let free = self
+            .max_concurrency
+            .saturating_sub(s.active.len() + s.reserved);
+        let k = n.min(free);
+        s.reserved += k;
+        k
+    }
+
+    /// Gives back `n` promised slots that were not used.
+    pub fn release(&self, n: usize) {
+        let mut s = self.slots();
+        s.reserved = s.reserved.saturating_sub(n);
     }
 
     /// A command's stream opened: `tx` reaches it with cancel reasons.
-    pub fn track(&self, cmd: &str, tx: mpsc::Sender<String>) {
-        if let Ok(mut a) = self.active.lock() {
-            a.insert(cmd.to_string(), tx);
+    /// `reserved`: it takes a slot promised by [`LiveMachine::reserve`].
+    pub fn track(&self, cmd: &str, tx: mpsc::Sender<String>, reserved: bool) {
+        let mut s = self.slots();
+        s.active.insert(cmd.to_string(), tx);
+        if reserved {
+            s.reserved = s.reserved.saturating_sub(1);
         }
     }
 
-    /// A command's stream closed: a slot is free.
+    /// A command's stream closed: a slot is free, worth a look at the
+    /// queue only if it may hold more.
     pub fn untrack(&self, cmd: &str) {
-        if let Ok(mut a) = self.active.lock() {
-            a.remove(cmd);
+        self.slots().active.remove(cmd);
+        if self.backlog.load(Ordering::SeqCst) {
+            self.wake();
         }
-        self.wake();
     }
 
     /// Asks the daemon to stop a command it runs; false if none is open here.
     pub fn cancel(&self, cmd: &str, reason: &str) -> bool {
-        let tx = self.active.lock().ok().and_then(|a| a.get(cmd).cloned());
+        let tx = self.slots().active.get(cmd).cloned();
         match tx {
             Some(tx) => tx.try_send(reason.to_string()).is_ok(),
             None => false,
         }
     }
 
-    /// There may be work: the machine's dispatcher looks at its queue.
-    pub fn wake(&self) {
+    /// Hands the dispatcher a command stored `dispatched` to this
+    /// connection, in a slot reserved for it.
+    pub fn hand(&self, c: pb::Command) {
+        self.slots().handed.push(c);
         self.work.notify_one();
     }
 
-    /// Waits until [`LiveMachine::wake`] was called (a call made before
-    /// anyone waited counts).
+    /// The commands handed over since the last call.
+    pub fn take_handed(&self) -> Vec<pb::Command> {
+        std::mem::take(&mut self.slots().handed)
+    }
+
+    /// Whether the dispatcher should read the queue (once per request).
+    pub fn take_look(&self) -> bool {
+        self.look.swap(false, Ordering::SeqCst)
+    }
+
+    /// Whether the queue may hold commands not taken yet. The dispatcher
+    /// clears it before it reads the queue, so a wake that comes while it
+    /// reads is not lost.
+    pub fn set_backlog(&self, maybe: bool) {
+        self.backlog.store(maybe, Ordering::SeqCst);
+    }
+
+    /// There may be work: the machine's dispatcher looks at its queue.
+    pub fn wake(&self) {
+        self.backlog.store(true, Ordering::SeqCst);
+        self.look.store(true, Ordering::SeqCst);
+        self.work.notify_one();
+    }
+
+    /// Waits until [`LiveMachine::wake`] or [`LiveMachine::hand`] was
+    /// called (a call made before anyone waited counts).
     pub async fn woken(&self) {
         self.work.notified().await;
     }

@@ -21,7 +21,10 @@ impl Store {
     /// `extra` writes that must not happen without it (an idempotency
     /// record).
     pub fn create_command(&self, c: &pb::Command, extra: &[Op]) -> Result<()> {
-        debug_assert_eq!(c.state(), CommandState::Queued);
+        debug_assert!(matches!(
+            c.state(),
+            CommandState::Queued | CommandState::Dispatched
+        ));
         let mut ops = vec![
             Op::put(Space::Commands, c.id.as_bytes(), c.encode_to_vec()),
             Op::put(
@@ -49,6 +52,9 @@ impl Store {
 
     /// Commands in a machine's queue (not yet ended), without reading them:
     /// counted once from the queue index, then kept as commands come and go.
+    ///
+    /// On a store shared by replicas the others' creates and ends are not
+    /// seen here, so it is counted each time.
     pub fn pending_count(&self, machine: &str) -> Result<usize> {
         let mut counts = self.lock_counts();
         if let Some(n) = counts.get(machine) {
@@ -66,7 +72,9 @@ impl Store {
                 usize::MAX,
             )?
             .len();
-        counts.insert(machine.to_string(), n);
+        if !self.kv.is_shared() {
+            counts.insert(machine.to_string(), n);
+        }
         Ok(n)
     }
 

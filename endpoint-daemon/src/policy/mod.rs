@@ -22,6 +22,7 @@ pub mod analysis;
 pub mod rules;
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -284,6 +285,22 @@ pub struct Policy {
     confirm: Vec<Pattern>,
     run_as: Option<RunAs>,
     mtime: Option<SystemTime>,
+    /// The daemon's own variables that `[env] scrub` names: its
+    /// environment does not change while it runs, so they are found once
+    /// per policy, not per command.
+    own_scrub: Vec<String>,
+}
+
+/// The variable names among `names` that a `[env] scrub` pattern matches,
+/// sorted.
+fn scrubbed(patterns: &[String], names: impl Iterator<Item = OsString>) -> Vec<String> {
+    let mut out: Vec<String> = names
+        .filter_map(|k| k.into_string().ok())
+        .filter(|k| patterns.iter().any(|p| glob(p, k)))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn home() -> Option<PathBuf> {
@@ -379,7 +396,9 @@ impl Policy {
                 Some(r)
             }
         };
+        let own_scrub = scrubbed(&file.env.scrub, std::env::vars_os().map(|(k, _)| k));
         Ok(Policy {
+            own_scrub,
             digest: byom_wire::hex(&byom_wire::sha256(text.as_bytes())),
             file,
             path: path.to_path_buf(),
@@ -636,13 +655,12 @@ impl Policy {
                 }
             }
         }
-        let mut scrub: Vec<String> = std::env::vars_os()
-            .filter_map(|(k, _)| k.into_string().ok())
-            .chain(req.env.into_iter().flat_map(|e| e.keys().cloned()))
-            .filter(|k| self.file.env.scrub.iter().any(|p| glob(p, k)))
-            .collect();
-        scrub.sort();
-        scrub.dedup();
+        let mut scrub = self.own_scrub.clone();
+        if let Some(env) = req.env {
+            scrub.extend(scrubbed(&self.file.env.scrub, env.keys().map(OsString::from)));
+            scrub.sort();
+            scrub.dedup();
+        }
         let timeout = match (req.timeout, self.max_runtime) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

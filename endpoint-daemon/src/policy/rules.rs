@@ -18,7 +18,47 @@ pub fn path_glob(pattern: &str, text: &str) -> bool {
     glob_with(pattern, text, false)
 }
 
+/// `[*]` is a literal `*`. Runs for every rule on every command, so the
+/// usual (ASCII) case allocates nothing.
 fn glob_with(pattern: &str, text: &str, cross_slash: bool) -> bool {
+    if pattern.is_ascii() && text.is_ascii() {
+        glob_ascii(pattern.as_bytes(), text.as_bytes(), cross_slash)
+    } else {
+        glob_chars(pattern, text, cross_slash)
+    }
+}
+
+fn glob_ascii(p: &[u8], t: &[u8], cross_slash: bool) -> bool {
+    const LITERAL_STAR: &[u8] = b"[*]";
+    let (mut pi, mut ti) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        let any = cross_slash || t[ti] != b'/';
+        let literal = p[pi..].starts_with(LITERAL_STAR);
+        if literal && t[ti] == b'*' {
+            pi += LITERAL_STAR.len();
+            ti += 1;
+        } else if pi < p.len() && !literal && ((p[pi] == b'?' && any) || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star.filter(|&(_, st)| cross_slash || t[st] != b'/') {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == b'*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+fn glob_chars(pattern: &str, text: &str, cross_slash: bool) -> bool {
     let p: Vec<char> = pattern.replace("[*]", "\u{1}").chars().collect();
     let t: Vec<char> = text.chars().collect();
     let (mut pi, mut ti) = (0usize, 0usize);
@@ -402,6 +442,35 @@ fn is_executable(p: &Path) -> bool {
 mod tests {
     use super::*;
     use crate::policy::analysis::analyze;
+
+    /// The ASCII matcher answers as the general one does.
+    #[test]
+    fn ascii_globs_agree_with_char_globs() {
+        let alphabet = b"ab/*?[]";
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for _ in 0..20_000 {
+            let mut word = |max: usize| -> String {
+                let len = next(max + 1);
+                (0..len)
+                    .map(|_| alphabet[next(alphabet.len())] as char)
+                    .collect()
+            };
+            let (p, t) = (word(6), word(8));
+            for cross in [false, true] {
+                assert_eq!(
+                    glob_ascii(p.as_bytes(), t.as_bytes(), cross),
+                    glob_chars(&p, &t, cross),
+                    "pattern {p:?}, text {t:?}, cross_slash {cross}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn globs() {

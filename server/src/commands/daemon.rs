@@ -67,27 +67,43 @@ impl Commands {
 
     /// Takes queued commands of a live machine, oldest first, up to its
     /// free slots: each is `dispatched` (flushed) before it is returned to
-    /// be sent.
+    /// be sent, holding a slot reserved for it.
     pub async fn dispatch_batch(&self, live: &LiveMachine) -> Vec<pb::Command> {
         if !live.online() || live.paused() {
             return Vec::new();
         }
+        // Reserved before reading, so commands created straight into a
+        // slot meanwhile cannot take more than the daemon runs at once.
+        let free = live.reserve(usize::MAX);
+        if free == 0 {
+            // A slot freeing up looks again.
+            live.set_backlog(true);
+            return Vec::new();
+        }
+        live.set_backlog(false);
+        let out = self.take_queued(live, free).await;
+        live.release(free - out.len());
+        out
+    }
+
+    async fn take_queued(&self, live: &LiveMachine, free: usize) -> Vec<pb::Command> {
         let pending = match self.store().pending_commands(&live.machine_id) {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(machine = %live.machine_id, "cannot read the queue: {e}");
+                live.set_backlog(true);
                 return Vec::new();
             }
         };
-        let free = live.max_concurrency.saturating_sub(live.active_count());
         let now = byom_wire::now_ms();
         let mut out = Vec::new();
         for c in pending {
-            if out.len() >= free {
-                break;
-            }
             if c.state() != CommandState::Queued || queue::expired(&c, now) {
                 continue; // the sweeper fails expired ones
+            }
+            if out.len() >= free {
+                live.set_backlog(true);
+                break;
             }
             let r = self.store().transition(
                 &c.id,
@@ -174,6 +190,9 @@ impl Commands {
             c.reason = x.reason.clone();
             if c.started_at_ms == 0 {
                 c.started_at_ms = x.started_at_ms;
+            }
+            if c.pid == 0 {
+                c.pid = x.pid;
             }
             c.finished_at_ms = if x.finished_at_ms != 0 {
                 x.finished_at_ms

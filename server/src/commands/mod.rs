@@ -25,7 +25,7 @@ use tokio::sync::watch;
 
 use crate::idempotency::Pending;
 use crate::live::decorate;
-use crate::live::LiveMachines;
+use crate::live::{LiveMachine, LiveMachines};
 use queue::Candidate;
 
 /// States of a command the daemon has (or may have) received.
@@ -238,9 +238,15 @@ impl Commands {
         }
     }
 
-    /// Validates, picks the machine, stores the command `queued` (flushed,
-    /// with `claim`'s idempotency record in the same batch) and wakes the
-    /// machine's dispatcher.
+    /// Validates, picks the machine, stores the command (flushed, with
+    /// `claim`'s idempotency record in the same batch) and has it sent.
+    ///
+    /// When the machine is connected here with a free slot and nothing
+    /// queued before it, the command is stored `dispatched` to that
+    /// connection and handed straight to its dispatcher: one write and one
+    /// flush instead of a queued write, a read of the queue, a dispatch
+    /// write and a second flush. Otherwise it is stored `queued` and the
+    /// machine's dispatcher, wherever it is, is woken.
     pub async fn create(
         &self,
         n: NewCommand,
@@ -327,7 +333,7 @@ impl Commands {
             n.queue_ttl_ms
         };
         let now = byom_wire::now_ms();
-        let c = pb::Command {
+        let mut c = pb::Command {
             id: n.id.unwrap_or_else(|| CommandId::new(now).to_string()),
             machine_id: m.id.clone(),
             argv: n.argv,
@@ -358,11 +364,41 @@ impl Commands {
             ));
         }
         let extra = claim.map(|p| p.ops(&c.id, "")).unwrap_or_default();
-        self.store().create_command(&c, &extra)?;
-        // Acknowledged only once durable.
-        self.flush().await?;
-        self.inner.live.wake(&m.id);
+        let direct = self.direct_slot(&m.id, queued);
+        if let Some(live) = &direct {
+            c.set_state(CommandState::Dispatched);
+            c.dispatched_at_ms = now;
+            c.instance_id = live.instance_id.clone();
+        }
+        let stored = self.store().create_command(&c, &extra);
+        // Acknowledged (and sent) only once durable.
+        let r = match stored {
+            Ok(()) => self.flush().await,
+            Err(e) => Err(e),
+        };
+        match (r, direct) {
+            (Ok(()), Some(live)) => live.hand(c.clone()),
+            (Ok(()), None) => self.inner.live.wake(&m.id),
+            (Err(e), direct) => {
+                if let Some(live) = direct {
+                    live.release(1);
+                }
+                return Err(e.into());
+            }
+        }
         Ok(c)
+    }
+
+    /// The machine's connection on this server, with a slot reserved, if
+    /// a new command may skip the queue: the daemon is connected here and
+    /// not paused, and each of the machine's `pending` unfinished commands
+    /// is one the connection runs (none is queued before this one).
+    fn direct_slot(&self, machine_id: &str, pending: usize) -> Option<Arc<LiveMachine>> {
+        let live = self.inner.live.get(machine_id)?;
+        if !live.online() || live.paused() || live.in_flight() != pending {
+            return None;
+        }
+        (live.reserve(1) == 1).then_some(live)
     }
 
     /// The agents' create: the worker chose the ID, so a step replayed

@@ -163,7 +163,7 @@ pub(super) async fn serve(
             Action::Attach => Mode::Attach,
             _ => Mode::Exec,
         };
-        streams::spawn_drive(&gw, &live, c, mode);
+        streams::spawn_drive(&gw, &live, c, mode, false);
     }
 
     let reason = tokio::select! {

@@ -22,23 +22,38 @@ pub(super) enum Mode {
     Attach,
 }
 
-/// The connection's dispatcher: sends queued commands whenever the machine
-/// is woken (new work, a freed slot, resumed) until the connection ends.
+/// The connection's dispatcher: sends the commands created straight into
+/// its slots, and queued ones whenever the machine is woken (new work, a
+/// freed slot while the queue may hold more, resumed), until the
+/// connection ends.
 pub(super) async fn dispatch_loop(gw: &Gateway, live: &Arc<LiveMachine>) -> String {
     loop {
         if !live.online() {
             return "connection closed".into();
         }
-        for c in gw.commands.dispatch_batch(live).await {
-            spawn_drive(gw, live, c, Mode::Exec);
+        for c in live.take_handed() {
+            spawn_drive(gw, live, c, Mode::Exec, true);
+        }
+        if live.take_look() {
+            for c in gw.commands.dispatch_batch(live).await {
+                spawn_drive(gw, live, c, Mode::Exec, true);
+            }
         }
         live.woken().await;
     }
 }
 
-pub(super) fn spawn_drive(gw: &Gateway, live: &Arc<LiveMachine>, cmd: pb::Command, mode: Mode) {
+/// Opens the command's stream in a task of its own. `reserved`: it takes
+/// a slot promised to it.
+pub(super) fn spawn_drive(
+    gw: &Gateway,
+    live: &Arc<LiveMachine>,
+    cmd: pb::Command,
+    mode: Mode,
+    reserved: bool,
+) {
     let (tx, rx) = mpsc::channel(CANCEL_BUFFER);
-    live.track(&cmd.id, tx);
+    live.track(&cmd.id, tx, reserved);
     let gw = gw.clone();
     let live = live.clone();
     tokio::spawn(async move {
