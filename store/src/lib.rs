@@ -145,10 +145,11 @@ impl Store {
     /// that starts after its call, and starts one only when none is
     /// running, so N writers under load pay for a few flushes, not N.
     ///
-    /// The flush and its announcement run in a task of their own: a caller
-    /// dropped mid-flush (a client that went away, a timeout, a `select!`)
-    /// must not leave the others waiting for an announcement that never
-    /// comes.
+    /// The leader flushes on its own thread (in `block_in_place` on a
+    /// multi-threaded runtime) and announces with no `.await` in between:
+    /// a caller dropped mid-flush (a client that went away, a timeout, a
+    /// `select!`) cannot leave the others waiting for an announcement that
+    /// never comes, and no other thread has to be woken to flush.
     pub async fn flush_async(&self) -> Result<()> {
         let g = &self.group;
         let mut done = g.done.subscribe();
@@ -174,14 +175,12 @@ impl Store {
                 })
             };
             if let Some(gen) = lead {
-                let (kv, g) = (self.kv.clone(), self.group.clone());
-                tokio::spawn(async move {
-                    let r = flush_logged(kv).await;
-                    // Not running before announcing: a waiter woken by the
-                    // announcement must find it can lead the next flush.
-                    g.lock().running = false;
-                    g.done.send_replace((gen, r.err().map(|e| e.to_string())));
-                });
+                let r = blocking(|| flush_logged(self.kv.as_ref()));
+                // Not running before announcing: a waiter woken by the
+                // announcement must find it can lead the next flush.
+                g.lock().running = false;
+                g.done.send_replace((gen, r.err().map(|e| e.to_string())));
+                continue;
             }
             // `g` holds the sender, so the channel outlives this wait.
             if done.changed().await.is_err() {
@@ -191,25 +190,26 @@ impl Store {
     }
 }
 
-/// One flush on a blocking thread, logged while it is slow.
-async fn flush_logged(kv: Arc<dyn Backend>) -> Result<()> {
-    let started = std::time::Instant::now();
-    let mut task = tokio::task::spawn_blocking(move || kv.flush());
-    loop {
-        tokio::select! {
-            r = &mut task => {
-                return r.map_err(|e| StoreError::Io(format!("flush task failed: {e}")))?;
-            }
-            _ = tokio::time::sleep(SLOW_FLUSH) => {
-                // A disk that stalls (or a store that hangs) shows in
-                // the log rather than as silence.
-                tracing::warn!(
-                    secs = started.elapsed().as_secs(),
-                    "the store's flush has not finished yet"
-                );
-            }
+/// Runs `f` where blocking is allowed: on a multi-threaded runtime the
+/// thread's other tasks move elsewhere meanwhile.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
         }
+        _ => f(),
     }
+}
+
+/// One flush, logged if it was slow: a disk that stalls shows in the log.
+fn flush_logged(kv: &dyn Backend) -> Result<()> {
+    let started = std::time::Instant::now();
+    let r = kv.flush();
+    let took = started.elapsed();
+    if took >= SLOW_FLUSH {
+        tracing::warn!(secs = took.as_secs(), "the store's flush was slow");
+    }
+    r
 }
 
 impl Store {
