@@ -24,4 +24,4 @@ pub mod proto {
 
 pub use client::{connect, default_data_dir, load_creds, Client, ClientError, Creds};
 pub use retry::{new_key, until_answered};
-pub use watch::{watch_to_end, Seen, WatchError, WatchOptions};
+pub use watch::{run_command, watch_to_end, Run, Seen, WatchError, WatchOptions};

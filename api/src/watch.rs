@@ -1,6 +1,7 @@
 //! Following a command to its end: its output and state changes, in order,
 //! resuming from the offsets already seen when the server restarts under
-//! the watch (`WatchCommand` replays the store from any offset).
+//! the watch (`WatchCommand` replays the store from any offset). A command
+//! can also be created and followed in one call ([`run_command`]).
 
 use std::time::Duration;
 
@@ -55,26 +56,99 @@ pub async fn watch_to_end(
     client: &mut Client,
     id: &str,
     opts: WatchOptions,
+    on: impl FnMut(Seen<'_>),
+) -> Result<Option<pb::Command>, WatchError> {
+    follow(client, id, None, opts, on).await
+}
+
+/// A command created by [`run_command`], with its watch under way.
+pub struct Run {
+    /// The command as created.
+    pub command: pb::Command,
+    stream: tonic::Streaming<pb::CommandEvent>,
+}
+
+/// Creates a command and starts following it, in one call (`RunCommand`):
+/// a round trip fewer than `CreateCommand` and then `WatchCommand`. With
+/// an idempotency key in `req`, a call the server did not answer is sent
+/// again (see [`crate::until_answered`]) and follows the command the first
+/// one created; without one it is sent once.
+pub async fn run_command(
+    client: &Client,
+    req: pb::CreateCommandRequest,
+) -> Result<Run, tonic::Status> {
+    let once = req.idempotency_key.is_empty();
+    let call = || {
+        let (mut c, req) = (client.clone(), req.clone());
+        async move {
+            let mut stream = c.run_command(req).await?.into_inner();
+            match stream.message().await? {
+                Some(pb::CommandEvent {
+                    event: Some(Event::State(command)),
+                }) => Ok(Run { command, stream }),
+                _ => Err(tonic::Status::unavailable(
+                    "the server ended the run before naming the command",
+                )),
+            }
+        }
+    };
+    if once {
+        call().await
+    } else {
+        crate::until_answered(call).await
+    }
+}
+
+impl Run {
+    /// Follows the command to its end as [`watch_to_end`] does; `on` sees
+    /// the record as created first.
+    pub async fn to_end(
+        self,
+        client: &mut Client,
+        opts: WatchOptions,
+        mut on: impl FnMut(Seen<'_>),
+    ) -> Result<Option<pb::Command>, WatchError> {
+        on(Seen::State(&self.command));
+        if self.command.state().is_terminal() {
+            return Ok(Some(self.command));
+        }
+        follow(client, &self.command.id, Some(self.stream), opts, on).await
+    }
+}
+
+/// Follows `id` on `first` (if given), then on watches of its own.
+async fn follow(
+    client: &mut Client,
+    id: &str,
+    mut first: Option<tonic::Streaming<pb::CommandEvent>>,
+    opts: WatchOptions,
     mut on: impl FnMut(Seen<'_>),
 ) -> Result<Option<pb::Command>, WatchError> {
     let mut offsets = [0u64, 0u64];
     let mut reconnects = 0u32;
     loop {
-        let started = client
-            .watch_command(pb::WatchCommandRequest {
-                id: id.to_string(),
-                stdout_offset: offsets[0],
-                stderr_offset: offsets[1],
-            })
-            .await;
-        let mut stream = match started {
-            Ok(s) => s.into_inner(),
-            Err(e) if e.code() == tonic::Code::Unavailable && reconnects < opts.reconnects => {
-                reconnects += 1;
-                tokio::time::sleep(RECONNECT_PAUSE).await;
-                continue;
+        let mut stream = match first.take() {
+            Some(s) => s,
+            None => {
+                let started = client
+                    .watch_command(pb::WatchCommandRequest {
+                        id: id.to_string(),
+                        stdout_offset: offsets[0],
+                        stderr_offset: offsets[1],
+                    })
+                    .await;
+                match started {
+                    Ok(s) => s.into_inner(),
+                    Err(e)
+                        if e.code() == tonic::Code::Unavailable && reconnects < opts.reconnects =>
+                    {
+                        reconnects += 1;
+                        tokio::time::sleep(RECONNECT_PAUSE).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
-            Err(e) => return Err(e.into()),
         };
         // The server went away mid-stream (an end without a terminal state
         // or a transport error): resume from our offsets.

@@ -73,6 +73,36 @@ async fn round_trips(s: &Server, n: usize) -> Vec<Duration> {
     v
 }
 
+/// Round trips as one call (`RunCommand`, as [`round_trips`]) and as two
+/// (`CreateCommand`, then `WatchCommand`), taken in turn so both see the
+/// same machine: (one call, two calls).
+async fn one_call_and_two(s: &Server, n: usize) -> (Vec<Duration>, Vec<Duration>) {
+    use byom_protocol::pb;
+    let mut c = client(s).await;
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        one.push(byom_tests::api_round_trip(&mut c, "m0").await);
+        let t = Instant::now();
+        let cmd = c
+            .create_command(pb::CreateCommandRequest {
+                machine: "m0".into(),
+                argv: vec!["true".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .command
+            .unwrap();
+        byom_api::watch_to_end(&mut c, &cmd.id, Default::default(), |_| {})
+            .await
+            .unwrap()
+            .unwrap();
+        two.push(t.elapsed());
+    }
+    (one, two)
+}
+
 /// `m` commands through the replicas `servers` (round-robin), 64 at once,
 /// over `machines` machines: commands/s.
 async fn throughput(servers: &[&Server], machines: usize, m: usize) -> f64 {
@@ -131,15 +161,19 @@ fn main() {
     }
     let sled_rt = p50(rt.block_on(round_trips(&sled, n)));
     let sled_rate = rt.block_on(throughput(&[&sled], k, m));
+    let (one, two) = rt.block_on(one_call_and_two(&sled, n));
+    let (one, two) = (p50(one), p50(two));
     drop(sled_daemons);
     drop(sled);
     if std::env::var("BENCH_ONLY").as_deref() == Ok("sled") {
         println!(
-            "spawn `true` locally, p50: {:.3} ms; sled round trip p50 {:.3} ms (overhead {:.3} ms); local {local_rate:.0}/s; sled {sled_rate:.0}/s ({:.2}x)",
+            "spawn `true` locally, p50: {:.3} ms; sled round trip p50 {:.3} ms (overhead {:.3} ms); local {local_rate:.0}/s; sled {sled_rate:.0}/s ({:.2}x); round trip in turn: one call {:.3} ms, two calls {:.3} ms",
             ms(local),
             ms(sled_rt),
             ms(sled_rt.saturating_sub(local)),
-            sled_rate / local_rate
+            sled_rate / local_rate,
+            ms(one),
+            ms(two)
         );
         return;
     }
@@ -214,6 +248,11 @@ fn main() {
         ms(pg_rt),
         ms(pg_rt.saturating_sub(local)),
         pg_rt.as_secs_f64() / sled_rt.as_secs_f64()
+    );
+    println!(
+        "round trips in turn, sled: one call (RunCommand) {:.3} ms, two calls (Create, Watch) {:.3} ms",
+        ms(one),
+        ms(two)
     );
     println!("local spawns, {CONCURRENCY} at once:            {local_rate:.0}/s");
     println!(

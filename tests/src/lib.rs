@@ -773,21 +773,23 @@ pub async fn spawn_true() {
     assert!(s.is_ok_and(|s| s.success()), "true failed");
 }
 
+/// One command, `true` on `machine`, through the API as `byom exec` runs
+/// it (created and followed in one `RunCommand` call), to its stored exit.
 pub async fn api_round_trip(c: &mut byom_api::Client, machine: &str) -> Duration {
     use byom_protocol::pb;
     let t = Instant::now();
-    let cmd = c
-        .create_command(pb::CreateCommandRequest {
+    let run = byom_api::run_command(
+        c,
+        pb::CreateCommandRequest {
             machine: machine.into(),
             argv: vec!["true".into()],
             ..Default::default()
-        })
-        .await
-        .expect("create command")
-        .into_inner()
-        .command
-        .expect("command in response");
-    let end = byom_api::watch_to_end(c, &cmd.id, Default::default(), |_| {})
+        },
+    )
+    .await
+    .expect("run command");
+    let end = run
+        .to_end(c, Default::default(), |_| {})
         .await
         .expect("watch command")
         .expect("a terminal state");

@@ -140,14 +140,21 @@ pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
         return super::exec_all::run(c, &a.labels, &a.env, req).await;
     }
     // Sent again, with the same key, if the server restarts meanwhile.
-    let cmd = byom_api::until_answered(|| {
-        let (mut c, req) = (c.clone(), req.clone());
-        async move { c.create_command(req).await }
-    })
-    .await?
-    .into_inner()
-    .command
-    .context("server returned no command")?;
+    // Attached, the command is created and followed in one call.
+    let (cmd, run) = if a.detach {
+        let cmd = byom_api::until_answered(|| {
+            let (mut c, req) = (c.clone(), req.clone());
+            async move { c.create_command(req).await }
+        })
+        .await?
+        .into_inner()
+        .command
+        .context("server returned no command")?;
+        (cmd, None)
+    } else {
+        let run = byom_api::run_command(c, req).await?;
+        (run.command.clone(), Some(run))
+    };
     let m = c
         .get_machine(pb::MachineRef {
             machine: cmd.machine_id.clone(),
@@ -156,7 +163,7 @@ pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
         .into_inner()
         .machine
         .unwrap_or_default();
-    if a.detach {
+    let Some(run) = run else {
         if a.json {
             print_json(&command_json(&cmd));
         } else {
@@ -164,7 +171,7 @@ pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
         }
         warn_before(&m, &cmd, &a.env);
         return Ok(0);
-    }
+    };
     warn_before(&m, &cmd, &a.env);
     let interactive = std::io::stderr().is_terminal();
     let mut told_approval = false;
@@ -181,7 +188,7 @@ pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
     let mut captured: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
     let (json, follow) = (a.json, a.follow);
     let end = {
-        let watch = byom_api::watch_to_end(c, &cmd.id, opts, |seen| match seen {
+        let watch = run.to_end(c, opts, |seen| match seen {
             Seen::Output(o) => {
                 let err = o.stream == pb::OutputStream::Stderr as i32;
                 let r = if follow {

@@ -657,7 +657,10 @@ impl Policy {
         }
         let mut scrub = self.own_scrub.clone();
         if let Some(env) = req.env {
-            scrub.extend(scrubbed(&self.file.env.scrub, env.keys().map(OsString::from)));
+            scrub.extend(scrubbed(
+                &self.file.env.scrub,
+                env.keys().map(OsString::from),
+            ));
             scrub.sort();
             scrub.dedup();
         }

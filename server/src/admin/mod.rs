@@ -456,6 +456,26 @@ impl Admin for Api {
     }
 
     type WatchCommandStream = Stream<pb::CommandEvent>;
+    type RunCommandStream = Stream<pb::CommandEvent>;
+
+    async fn run_command(
+        &self,
+        req: Request<pb::CreateCommandRequest>,
+    ) -> Reply<Self::RunCommandStream> {
+        let by = caller(&req);
+        let c = self
+            .create_command(req.into_inner(), by)
+            .await?
+            .command
+            .ok_or_else(|| Status::internal("no command created"))?;
+        // The watch starts with the command's state: its ID for the caller.
+        self.watch_command(pb::WatchCommandRequest {
+            id: c.id,
+            stdout_offset: 0,
+            stderr_offset: 0,
+        })
+        .map(Response::new)
+    }
 
     async fn watch_command(
         &self,
