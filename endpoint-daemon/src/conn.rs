@@ -24,6 +24,11 @@ const STABLE_AFTER: Duration = Duration::from_secs(10);
 /// How long the daemon waits for the server to acknowledge an exit before
 /// keeping the result for the next connection.
 const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a command's start goes unreported: one that ends sooner says
+/// when it started in its exit record (a frame, a store write and a wake
+/// of its watchers fewer for the many short commands); a longer one shows
+/// `running` this much later.
+const START_REPORT_DELAY: Duration = Duration::from_millis(20);
 /// How often the certificate's remaining lifetime is checked.
 const RENEW_CHECK: Duration = Duration::from_secs(600);
 const STATUS_FILE: &str = "run.json";
@@ -858,6 +863,7 @@ async fn serve_entry(
     let mut changed = entry.subscribe();
     let mut sent_started = false;
     let mut sent_approval = false;
+    let mut report_start_at: Option<tokio::time::Instant> = None;
     loop {
         // Read exit before output: output is complete once exit is set.
         let exit = entry.exit();
@@ -877,10 +883,17 @@ async fn serve_entry(
         }
         if !sent_started {
             if let Some(s) = entry.started() {
-                // A command that already ended says when it started in its
-                // exit record: one frame and one store write fewer. After
-                // an approval the server needs to hear it runs first.
-                if exit.is_none() || sent_approval {
+                let output = [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
+                    .into_iter()
+                    .enumerate()
+                    .any(|(i, st)| !entry.output_from(st, offsets[i], 1).is_empty());
+                let due = report_start_at.is_some_and(|t| tokio::time::Instant::now() >= t);
+                if exit.is_some() && !sent_approval {
+                    // Said by the exit record.
+                    sent_started = true;
+                } else if sent_approval || output || due {
+                    // After an approval the server must hear it runs
+                    // before anything else; output is reported started.
                     write_frame(
                         &mut send,
                         &ToServer {
@@ -888,8 +901,10 @@ async fn serve_entry(
                         },
                     )
                     .await?;
+                    sent_started = true;
+                } else if report_start_at.is_none() {
+                    report_start_at = Some(tokio::time::Instant::now() + START_REPORT_DELAY);
                 }
-                sent_started = true;
             }
         }
         for (i, stream) in [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
@@ -936,10 +951,12 @@ async fn serve_entry(
             }
             return Ok(());
         }
+        let start_due = report_start_at.filter(|_| !sent_started);
         tokio::select! {
             r = changed.changed() => if r.is_err() { return Ok(()); },
             // The connection went away: the result waits for the next one.
             _ = send.stopped() => return Ok(()),
+            _ = tokio::time::sleep_until(start_due.unwrap_or_else(tokio::time::Instant::now)), if start_due.is_some() => {}
         }
     }
 }

@@ -9,6 +9,7 @@
 //! With the embedded store there is one server: nothing is told and
 //! presence is only what [`crate::live::LiveMachines`] holds.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,11 @@ pub const HEARTBEAT: Duration = Duration::from_secs(1);
 pub const ALIVE_FOR: Duration = Duration::from_secs(5);
 /// How often a replica looks for what a lost notice would have told it.
 pub const BACKSTOP: Duration = Duration::from_secs(2);
+
+/// Replicas looked at per heartbeat (more are assumed alive).
+const MAX_REPLICAS: usize = 1024;
+/// A dead replica's heartbeat is deleted this long after it expired.
+const FORGET_AFTER: Duration = Duration::from_secs(60);
 
 /// What one replica tells the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +94,11 @@ pub struct Cluster {
     /// This process's ID among the replicas.
     pub replica: String,
     store: Option<Store>,
+    /// Whether another replica was alive at the last heartbeat: alone, a
+    /// replica tells no one (a statement per change saved). One that
+    /// starts is heard of within a heartbeat, and its backstop looks
+    /// cover what it was not told meanwhile.
+    others: AtomicBool,
 }
 
 impl Cluster {
@@ -96,6 +107,7 @@ impl Cluster {
         Arc::new(Cluster {
             replica: "local".into(),
             store: None,
+            others: AtomicBool::new(false),
         })
     }
 
@@ -110,6 +122,8 @@ impl Cluster {
         Arc::new(Cluster {
             replica,
             store: Some(store.clone()),
+            // Until the first heartbeat has looked.
+            others: AtomicBool::new(true),
         })
     }
 
@@ -119,6 +133,9 @@ impl Cluster {
 
     /// Tells the other replicas `note`, after the writes made before it.
     pub fn tell(&self, note: Note) {
+        if !self.others.load(Ordering::Relaxed) {
+            return;
+        }
         if let Some(s) = &self.store {
             if let Err(e) = s.notify(&note.encode(&self.replica)) {
                 tracing::debug!("cannot tell the other replicas: {e}");
@@ -186,14 +203,41 @@ impl Cluster {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let until = byom_wire::now_ms() + ALIVE_FOR.as_millis() as u64;
+            let now = byom_wire::now_ms();
+            let until = now + ALIVE_FOR.as_millis() as u64;
             let (s2, me) = (s.clone(), self.replica.clone());
             let r = tokio::task::spawn_blocking(move || {
-                s2.put_raw(Space::Replicas, &me, &until.to_be_bytes())
+                s2.put_raw(Space::Replicas, &me, &until.to_be_bytes())?;
+                s2.scan_prefix(Space::Replicas, "", MAX_REPLICAS)
             })
             .await;
-            if let Ok(Err(e)) = r {
-                tracing::warn!("cannot say this replica is alive: {e}");
+            match r {
+                Ok(Ok(all)) => {
+                    let mut others = all.len() >= MAX_REPLICAS;
+                    for (r, v) in &all {
+                        let until = <[u8; 8]>::try_from(v.as_slice()).map_or(0, u64::from_be_bytes);
+                        if *r == self.replica {
+                            continue;
+                        }
+                        others |= until > now;
+                        // A replica killed without saying goodbye.
+                        if until + FORGET_AFTER.as_millis() as u64 <= now {
+                            let _ = s.delete_raw(Space::Replicas, r);
+                        }
+                    }
+                    if others != self.others.swap(others, Ordering::Relaxed) {
+                        tracing::info!(
+                            "{}",
+                            if others {
+                                "other replicas are alive: telling them of changes"
+                            } else {
+                                "no other replica is alive: telling no one"
+                            }
+                        );
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!("cannot say this replica is alive: {e}"),
+                Err(_) => {}
             }
         }
         let _ = s.delete_raw(Space::Replicas, &self.replica);
