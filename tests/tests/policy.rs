@@ -259,7 +259,8 @@ fn max_concurrency_from_the_policy_is_respected_by_the_server() {
     std::fs::write(&p, text).unwrap();
     d.start();
     server.wait_online("lap", true, T);
-    let first = server.detach("lap", &[], &["sleep", "1"]);
+    // Long enough for the slow CLI calls below to see it running.
+    let first = server.detach("lap", &[], &["sleep", "3"]);
     let second = server.detach("lap", &[], &["echo", "second"]);
     wait_for("first running", T, || {
         (server.command(&first)["state"] == "running").then_some(())

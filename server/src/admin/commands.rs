@@ -21,6 +21,18 @@ const WATCH_POLL: Duration = Duration::from_secs(1);
 /// Commands listed when the request does not say.
 const DEFAULT_LIST: usize = 100;
 
+/// Whether the store may hold output of `c` past `offsets`. A command
+/// not started has none (output is stored before the command is marked
+/// running, and the change that marks it wakes the watch again); one that
+/// exited has none past the byte counts of its daemon's exit record.
+fn may_have_output(c: &pb::Command, offsets: [u64; 2]) -> bool {
+    match c.state() {
+        CommandState::Queued | CommandState::Dispatched => false,
+        CommandState::Exited => offsets != [c.stdout_bytes, c.stderr_bytes],
+        _ => true,
+    }
+}
+
 impl Api {
     pub(super) fn command(&self, id: &str) -> Result<pb::Command, Status> {
         self.store
@@ -145,9 +157,11 @@ impl Api {
                     _ => return,
                 };
                 // Output first, so a terminal state is the last event.
+                let look = may_have_output(&cmd, offsets);
                 for (i, stream) in [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
                     .into_iter()
                     .enumerate()
+                    .filter(|_| look)
                 {
                     loop {
                         let chunks = match api.store.read_output(
