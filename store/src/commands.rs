@@ -8,7 +8,7 @@ use std::ops::Bound;
 use byom_protocol::pb::{self, CommandState};
 use prost::Message;
 
-use crate::backend::{prefix_end, Op, Space};
+use crate::backend::{prefix_end, Guard, Op, Space};
 use crate::{Result, Store, StoreError, MAX_LIST};
 
 fn pending_key(machine: &str, cmd: &str) -> Vec<u8> {
@@ -93,17 +93,24 @@ impl Store {
     }
 
     /// Updates a command. `f` returns the new state (or the same state to
-    /// change only fields); illegal transitions are refused.
+    /// change only fields); illegal transitions are refused. A command that
+    /// ends leaves its machine's queue: on a shared store in the same
+    /// statement; on sled just after, because a sled transaction excludes
+    /// every other operation while it runs (a crash in between leaves an
+    /// entry [`Store::pending_commands`] cleans up).
     pub fn update_command<F>(&self, id: &str, mut f: F) -> Result<pb::Command>
     where
         F: FnMut(&mut pb::Command) -> Result<()>,
     {
-        let mut ended = false;
-        let c = self.update_msg(Space::Commands, id, |c: &mut pb::Command| {
+        for _ in 0..1000 {
+            let old = self
+                .kv
+                .get(Space::Commands, id.as_bytes())?
+                .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+            let mut c: pb::Command = crate::decode(id, &old)?;
             let from = c.state();
-            f(c)?;
+            f(&mut c)?;
             let to = c.state();
-            ended = !from.is_terminal() && to.is_terminal();
             if from != to && !from.can_become(to) {
                 return Err(StoreError::IllegalTransition {
                     id: c.id.clone(),
@@ -111,12 +118,47 @@ impl Store {
                     to: to.name(),
                 });
             }
-            Ok(())
-        })?;
-        if ended {
-            self.unqueue(&c.machine_id, &c.id)?;
+            let new = c.encode_to_vec();
+            // Nothing changed (e.g. a transition that did not apply): no write.
+            if new == old {
+                return Ok(c);
+            }
+            let ended = !from.is_terminal() && to.is_terminal();
+            let written = if ended && self.kv.is_shared() {
+                let guard = Guard {
+                    space: Space::Commands,
+                    key: id.as_bytes().to_vec(),
+                    value: old,
+                };
+                let ops = [
+                    Op::put(Space::Commands, id.as_bytes(), new),
+                    Op::delete(Space::Pending, pending_key(&c.machine_id, id)),
+                ];
+                let mut counts = self.lock_counts();
+                let written = self.kv.batch_if(&guard, &ops)?;
+                if let Some(n) = counts.get_mut(&c.machine_id).filter(|_| written) {
+                    *n = n.saturating_sub(1);
+                }
+                written
+            } else {
+                let written = self.kv.compare_and_swap(
+                    Space::Commands,
+                    id.as_bytes(),
+                    Some(&old),
+                    Some(&new),
+                )?;
+                if written && ended {
+                    self.unqueue(&c.machine_id, id)?;
+                }
+                written
+            };
+            if written {
+                return Ok(c);
+            }
         }
-        Ok(c)
+        Err(StoreError::Conflict(format!(
+            "{id}: too much contention updating the record"
+        )))
     }
 
     /// Moves a command to `to` only if it is in `from` now. Returns the new

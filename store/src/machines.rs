@@ -39,8 +39,12 @@ impl Store {
 
     /// Finds a machine by ID or name.
     pub fn resolve_machine(&self, id_or_name: &str) -> Result<Option<pb::Machine>> {
-        if let Some(m) = self.get_machine(id_or_name)? {
-            return Ok(Some(m));
+        // Only what looks like an ID is looked up as one: a name costs one
+        // read fewer (on a shared store, a statement fewer per command).
+        if byom_protocol::id::MachineId::parse(id_or_name).is_ok() {
+            if let Some(m) = self.get_machine(id_or_name)? {
+                return Ok(Some(m));
+            }
         }
         match self.kv.get(Space::MachineNames, id_or_name.as_bytes())? {
             Some(id) => self.get_machine(&String::from_utf8_lossy(&id)),

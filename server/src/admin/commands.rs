@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use byom_protocol::id::CommandId;
 use byom_protocol::limits;
 use byom_protocol::pb::{self, CommandState};
 use byom_store::MAX_LIST;
@@ -43,8 +44,18 @@ impl Api {
 
     pub(super) async fn create_command(
         &self,
+        req: pb::CreateCommandRequest,
+        by: String,
+    ) -> Result<pb::CommandResponse, Status> {
+        self.create(req, by, None).await
+    }
+
+    /// Creates a command (with the ID `id`, if given).
+    async fn create(
+        &self,
         mut req: pb::CreateCommandRequest,
         by: String,
+        id: Option<String>,
     ) -> Result<pb::CommandResponse, Status> {
         let key = std::mem::take(&mut req.idempotency_key);
         let (env, labels) = (
@@ -75,7 +86,7 @@ impl Api {
             .commands
             .create(
                 NewCommand {
-                    id: None,
+                    id,
                     target,
                     argv: req.argv,
                     shell: req.shell,
@@ -144,17 +155,77 @@ impl Api {
         &self,
         req: pb::WatchCommandRequest,
     ) -> Result<Stream<pb::CommandEvent>, Status> {
-        let c = self.command(&req.id)?;
+        // Subscribed before the read, so no change after it is missed.
+        let wake = self.commands.subscribe(&req.id);
+        match self.command(&req.id) {
+            Ok(c) => Ok(self.watch_from(c, wake, [req.stdout_offset, req.stderr_offset])),
+            Err(e) => {
+                drop(wake);
+                self.commands.unsubscribed(&req.id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates a command and watches it (`RunCommand`). The ID is chosen
+    /// here so the watch is subscribed before the command exists: it then
+    /// starts from the created record without reading it back.
+    pub(super) async fn run_command(
+        &self,
+        req: pb::CreateCommandRequest,
+        by: String,
+    ) -> Result<Stream<pb::CommandEvent>, Status> {
+        let id = CommandId::new(byom_wire::now_ms()).to_string();
+        let wake = self.commands.subscribe(&id);
+        let created = self.create(req, by, Some(id.clone())).await;
+        let c = match created {
+            Ok(r) => r
+                .command
+                .ok_or_else(|| Status::internal("no command created")),
+            Err(e) => Err(e),
+        };
+        match c {
+            Ok(c) if c.id == id => Ok(self.watch_from(c, wake, [0, 0])),
+            // A retry: the command the first call created.
+            Ok(c) => {
+                drop(wake);
+                self.commands.unsubscribed(&id);
+                self.watch_command(pb::WatchCommandRequest {
+                    id: c.id,
+                    stdout_offset: 0,
+                    stderr_offset: 0,
+                })
+            }
+            Err(e) => {
+                drop(wake);
+                self.commands.unsubscribed(&id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Streams `c`'s output from `offsets` and its changes until it ends;
+    /// `c` was read (or written) after `wake` was subscribed.
+    fn watch_from(
+        &self,
+        c: pb::Command,
+        mut wake: tokio::sync::watch::Receiver<u64>,
+        offsets: [u64; 2],
+    ) -> Stream<pb::CommandEvent> {
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let api = self.clone();
         tokio::spawn(async move {
-            let mut offsets = [req.stdout_offset, req.stderr_offset];
+            let mut offsets = offsets;
             let mut last_state = None;
-            let mut wake = api.commands.subscribe(&c.id);
+            let id = c.id.clone();
+            let mut known = Some(c);
             loop {
-                let cmd = match api.store.get_command(&c.id) {
-                    Ok(Some(c)) => c,
-                    _ => return,
+                let cmd = match known.take() {
+                    Some(c) => c,
+                    None => match api.store.get_command(&id) {
+                        Ok(Some(c)) => c,
+                        _ => return,
+                    },
                 };
                 // Output first, so a terminal state is the last event.
                 let look = may_have_output(&cmd, offsets);
@@ -165,7 +236,7 @@ impl Api {
                 {
                     loop {
                         let chunks = match api.store.read_output(
-                            &c.id,
+                            &id,
                             stream as i32,
                             offsets[i],
                             limits::MAX_OUTPUT_CHUNK_BYTES * 4,
@@ -220,6 +291,6 @@ impl Api {
                 }
             }
         });
-        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 }

@@ -463,18 +463,9 @@ impl Admin for Api {
         req: Request<pb::CreateCommandRequest>,
     ) -> Reply<Self::RunCommandStream> {
         let by = caller(&req);
-        let c = self
-            .create_command(req.into_inner(), by)
-            .await?
-            .command
-            .ok_or_else(|| Status::internal("no command created"))?;
-        // The watch starts with the command's state: its ID for the caller.
-        self.watch_command(pb::WatchCommandRequest {
-            id: c.id,
-            stdout_offset: 0,
-            stderr_offset: 0,
-        })
-        .map(Response::new)
+        self.run_command(req.into_inner(), by)
+            .await
+            .map(Response::new)
     }
 
     async fn watch_command(

@@ -173,6 +173,16 @@ impl Commands {
         }
     }
 
+    /// Forgets a subscription whose receiver was dropped before anything
+    /// changed (a command that was never created).
+    pub fn unsubscribed(&self, cmd: &str) {
+        if let Ok(mut w) = self.inner.watchers.lock() {
+            if w.get(cmd).is_some_and(|tx| tx.receiver_count() == 0) {
+                w.remove(cmd);
+            }
+        }
+    }
+
     /// The commands someone on this server watches.
     pub fn watched(&self) -> Vec<String> {
         self.inner
