@@ -3,16 +3,20 @@
 //!
 //! In one run, on loopback, real `byom server` and `byomd` processes:
 //!  1. baseline: spawn `true` locally, one at a time and 64 at once;
-//!  2. the API round trip of `true` (create, run, exit stored) on the
-//!     embedded store (sled) and on PostgreSQL (a private cluster with
-//!     fsync on, as in production): p50 and overhead over the local spawn;
+//!  2. the API round trip of `true` (create, run, exit stored; one
+//!     `RunCommand` call, as `byom exec` makes it) on the embedded store
+//!     (sled) and on PostgreSQL (a private cluster with fsync on, as in
+//!     production): p50 and overhead over the local spawn; on sled also
+//!     one call against two (`CreateCommand`, then `WatchCommand`), in turn;
 //!  3. commands/s through one sled server, and through 1, 2 and 3
 //!     replicas on PostgreSQL (daemons and API clients spread across them);
 //!  4. the agents' takeover time after `kill -9` of the lease holder.
 //!
 //! Figures only mean something relative to each other in the same run.
 //! BENCH_N round trips (default 300), BENCH_COMMANDS commands (default
-//! 2000), BENCH_DAEMONS daemons (default 8).
+//! 2000), BENCH_DAEMONS daemons (default 8). BENCH_ONLY=sled stops after
+//! the sled figures; BENCH_PAUSE=S prints the sled server's and the first
+//! daemon's process IDs and waits S seconds first (to attach a profiler).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
