@@ -81,7 +81,28 @@ pub async fn run_command(
     let call = || {
         let (mut c, req) = (client.clone(), req.clone());
         async move {
-            let mut stream = c.run_command(req).await?.into_inner();
+            let mut stream = match c.run_command(req.clone()).await {
+                Ok(s) => s.into_inner(),
+                // A server from before RunCommand: the same in two calls.
+                Err(e) if e.code() == tonic::Code::Unimplemented => {
+                    let command = c
+                        .create_command(req)
+                        .await?
+                        .into_inner()
+                        .command
+                        .ok_or_else(|| tonic::Status::internal("no command created"))?;
+                    let stream = c
+                        .watch_command(pb::WatchCommandRequest {
+                            id: command.id.clone(),
+                            stdout_offset: 0,
+                            stderr_offset: 0,
+                        })
+                        .await?
+                        .into_inner();
+                    return Ok(Run { command, stream });
+                }
+                Err(e) => return Err(e),
+            };
             match stream.message().await? {
                 Some(pb::CommandEvent {
                     event: Some(Event::State(command)),
