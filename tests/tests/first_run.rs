@@ -191,18 +191,7 @@ fn readme_use_it_runs_as_written() {
 /// Sends `text` on `thread` as ada, addressed to the agent; the trigger's
 /// ID and what `byom show` says became of it, once decided.
 fn fate_of(server: &Server, thread: &str, text: &str) -> (String, String) {
-    let sent = server.json(&[
-        "events",
-        "send",
-        "--source",
-        "chat",
-        "--thread",
-        thread,
-        "--user",
-        "ada",
-        "--mention",
-        text,
-    ]);
+    let sent = server.say(thread, text);
     let trg = sent["trigger"]["id"]
         .as_str()
         .or(sent["id"].as_str())
