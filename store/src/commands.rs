@@ -102,15 +102,14 @@ impl Store {
     where
         F: FnMut(&mut pb::Command) -> Result<()>,
     {
-        for _ in 0..1000 {
-            let old = self
-                .kv
-                .get(Space::Commands, id.as_bytes())?
-                .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-            let mut c: pb::Command = crate::decode(id, &old)?;
+        // Set by the read-modify step, read by the write step.
+        let ended = std::cell::Cell::new(false);
+        let shared = self.kv.is_shared();
+        let check = |c: &mut pb::Command| {
             let from = c.state();
-            f(&mut c)?;
+            f(c)?;
             let to = c.state();
+            ended.set(!from.is_terminal() && to.is_terminal());
             if from != to && !from.can_become(to) {
                 return Err(StoreError::IllegalTransition {
                     id: c.id.clone(),
@@ -118,47 +117,29 @@ impl Store {
                     to: to.name(),
                 });
             }
-            let new = c.encode_to_vec();
-            // Nothing changed (e.g. a transition that did not apply): no write.
-            if new == old {
-                return Ok(c);
-            }
-            let ended = !from.is_terminal() && to.is_terminal();
-            let written = if ended && self.kv.is_shared() {
+            Ok(())
+        };
+        let c = self.update_msg_by(Space::Commands, id, check, |c: &pb::Command, old, new| {
+            if shared && ended.get() {
                 let guard = Guard {
                     space: Space::Commands,
                     key: id.as_bytes().to_vec(),
-                    value: old,
+                    value: old.to_vec(),
                 };
                 let ops = [
                     Op::put(Space::Commands, id.as_bytes(), new),
                     Op::delete(Space::Pending, pending_key(&c.machine_id, id)),
                 ];
-                let mut counts = self.lock_counts();
-                let written = self.kv.batch_if(&guard, &ops)?;
-                if let Some(n) = counts.get_mut(&c.machine_id).filter(|_| written) {
-                    *n = n.saturating_sub(1);
-                }
-                written
+                self.kv.batch_if(&guard, &ops)
             } else {
-                let written = self.kv.compare_and_swap(
-                    Space::Commands,
-                    id.as_bytes(),
-                    Some(&old),
-                    Some(&new),
-                )?;
-                if written && ended {
-                    self.unqueue(&c.machine_id, id)?;
-                }
-                written
-            };
-            if written {
-                return Ok(c);
+                self.kv
+                    .compare_and_swap(Space::Commands, id.as_bytes(), Some(old), Some(&new))
             }
+        })?;
+        if ended.get() && !shared {
+            self.unqueue(&c.machine_id, &c.id)?;
         }
-        Err(StoreError::Conflict(format!(
-            "{id}: too much contention updating the record"
-        )))
+        Ok(c)
     }
 
     /// Moves a command to `to` only if it is in `from` now. Returns the new

@@ -237,10 +237,30 @@ impl Store {
     }
 
     /// Read-modify-write with compare-and-swap, retried on contention.
-    pub(crate) fn update_msg<M, F>(&self, space: Space, key: &str, mut f: F) -> Result<M>
+    pub(crate) fn update_msg<M, F>(&self, space: Space, key: &str, f: F) -> Result<M>
     where
         M: Message + Default,
         F: FnMut(&mut M) -> Result<()>,
+    {
+        self.update_msg_by(space, key, f, |_, old, new| {
+            self.kv
+                .compare_and_swap(space, key.as_bytes(), Some(old), Some(&new))
+        })
+    }
+
+    /// Read-modify-write retried on contention: `write(msg, old, new)`
+    /// stores `new` if the record is still `old`, and says whether it did.
+    pub(crate) fn update_msg_by<M, F, W>(
+        &self,
+        space: Space,
+        key: &str,
+        mut f: F,
+        mut write: W,
+    ) -> Result<M>
+    where
+        M: Message + Default,
+        F: FnMut(&mut M) -> Result<()>,
+        W: FnMut(&M, &[u8], Vec<u8>) -> Result<bool>,
     {
         for _ in 0..1000 {
             let old = self
@@ -254,10 +274,7 @@ impl Store {
             if new == old {
                 return Ok(msg);
             }
-            if self
-                .kv
-                .compare_and_swap(space, key.as_bytes(), Some(&old), Some(&new))?
-            {
+            if write(&msg, &old, new)? {
                 return Ok(msg);
             }
         }
