@@ -767,6 +767,30 @@ where
     n as f64 / t.elapsed().as_secs_f64()
 }
 
+/// CPU time (user and system) a process has used so far, and that of
+/// its children it has reaped, from `/proc/PID/stat`; zero where that
+/// cannot be read. CPU per unit of work is a steadier figure than wall
+/// time on a shared, noisy machine.
+pub fn cpu_time(pid: u32) -> (Duration, Duration) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return (Duration::ZERO, Duration::ZERO);
+    };
+    // Fields after the command name, which may itself hold spaces.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let sum = |fields: [usize; 2]| {
+        let ticks: u64 = fields
+            .iter()
+            .filter_map(|&i| f.get(i).and_then(|v| v.parse::<u64>().ok()))
+            .sum();
+        Duration::from_secs_f64(ticks as f64 / hz)
+    };
+    // utime, stime; cutime, cstime.
+    (sum([11, 12]), sum([13, 14]))
+}
+
 /// Spawns `true` locally and waits for it: the baseline job.
 pub async fn spawn_true() {
     let s = tokio::process::Command::new("true").status().await;
