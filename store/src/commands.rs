@@ -15,6 +15,38 @@ fn pending_key(machine: &str, cmd: &str) -> Vec<u8> {
     format!("{machine}/{cmd}").into_bytes()
 }
 
+/// The encoded records this process last wrote of unfinished commands (see
+/// `Store::recent`), bounded in count and size: a miss only costs a read.
+#[derive(Default)]
+pub(crate) struct Recent(std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>);
+
+impl Recent {
+    /// Commands remembered at most; past it, the memory starts over.
+    const MAX_ENTRIES: usize = 4096;
+    /// Larger records (a big stdin) are not remembered.
+    const MAX_RECORD_BYTES: usize = 4096;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Vec<u8>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wrote(&self, id: &str, c: &pb::Command, bytes: &[u8]) {
+        let mut m = self.lock();
+        if c.state().is_terminal() || bytes.len() > Self::MAX_RECORD_BYTES {
+            m.remove(id);
+            return;
+        }
+        if m.len() >= Self::MAX_ENTRIES && !m.contains_key(id) {
+            m.clear();
+        }
+        m.insert(id.to_string(), bytes.to_vec());
+    }
+
+    fn take(&self, id: &str) -> Option<Vec<u8>> {
+        self.lock().remove(id)
+    }
+}
+
 impl Store {
     /// The record and its queue entry appear together (a dispatcher that
     /// saw the entry first would take it for a crash's leftover), with
@@ -25,8 +57,9 @@ impl Store {
             c.state(),
             CommandState::Queued | CommandState::Dispatched
         ));
+        let bytes = c.encode_to_vec();
         let mut ops = vec![
-            Op::put(Space::Commands, c.id.as_bytes(), c.encode_to_vec()),
+            Op::put(Space::Commands, c.id.as_bytes(), bytes.clone()),
             Op::put(
                 Space::Pending,
                 pending_key(&c.machine_id, &c.id),
@@ -41,6 +74,8 @@ impl Store {
         if let Some(n) = counts.get_mut(&c.machine_id) {
             *n += 1;
         }
+        drop(counts);
+        self.recent.wrote(&c.id, c, &bytes);
         Ok(())
     }
 
@@ -119,23 +154,35 @@ impl Store {
             }
             Ok(())
         };
-        let c = self.update_msg_by(Space::Commands, id, check, |c: &pb::Command, old, new| {
-            if shared && ended.get() {
-                let guard = Guard {
-                    space: Space::Commands,
-                    key: id.as_bytes().to_vec(),
-                    value: old.to_vec(),
-                };
-                let ops = [
-                    Op::put(Space::Commands, id.as_bytes(), new),
-                    Op::delete(Space::Pending, pending_key(&c.machine_id, id)),
-                ];
-                self.kv.batch_if(&guard, &ops)
-            } else {
-                self.kv
-                    .compare_and_swap(Space::Commands, id.as_bytes(), Some(old), Some(&new))
-            }
-        })?;
+        let guess = self.recent.take(id);
+        let c = self.update_msg_by(
+            Space::Commands,
+            id,
+            guess,
+            check,
+            |c: &pb::Command, old, new| {
+                let written = new.clone();
+                let done = if shared && ended.get() {
+                    let guard = Guard {
+                        space: Space::Commands,
+                        key: id.as_bytes().to_vec(),
+                        value: old.to_vec(),
+                    };
+                    let ops = [
+                        Op::put(Space::Commands, id.as_bytes(), new),
+                        Op::delete(Space::Pending, pending_key(&c.machine_id, id)),
+                    ];
+                    self.kv.batch_if(&guard, &ops)
+                } else {
+                    self.kv
+                        .compare_and_swap(Space::Commands, id.as_bytes(), Some(old), Some(&new))
+                }?;
+                if done {
+                    self.recent.wrote(id, c, &written);
+                }
+                Ok(done)
+            },
+        )?;
         if ended.get() && !shared {
             self.unqueue(&c.machine_id, &c.id)?;
         }

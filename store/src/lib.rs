@@ -95,6 +95,10 @@ pub struct Store {
     group: Arc<GroupFlush>,
     /// Machine → commands in its queue, for machines counted so far.
     pending_counts: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// What this process last wrote of unfinished commands: the expected
+    /// old value of their next update, which then needs no read when no
+    /// one else wrote since. Never read as the record itself.
+    recent: Arc<commands::Recent>,
 }
 
 /// Group commit's bookkeeping: flushes are numbered as they start; `done`
@@ -127,6 +131,7 @@ impl Store {
             kv,
             group: Arc::default(),
             pending_counts: Arc::default(),
+            recent: Arc::default(),
         }
     }
 
@@ -242,7 +247,7 @@ impl Store {
         M: Message + Default,
         F: FnMut(&mut M) -> Result<()>,
     {
-        self.update_msg_by(space, key, f, |_, old, new| {
+        self.update_msg_by(space, key, None, f, |_, old, new| {
             self.kv
                 .compare_and_swap(space, key.as_bytes(), Some(old), Some(&new))
         })
@@ -250,10 +255,14 @@ impl Store {
 
     /// Read-modify-write retried on contention: `write(msg, old, new)`
     /// stores `new` if the record is still `old`, and says whether it did.
+    /// `guess` is what the record probably is (this process wrote it last):
+    /// tried first without a read, and trusted only through a guarded
+    /// write that succeeds.
     pub(crate) fn update_msg_by<M, F, W>(
         &self,
         space: Space,
         key: &str,
+        mut guess: Option<Vec<u8>>,
         mut f: F,
         mut write: W,
     ) -> Result<M>
@@ -263,15 +272,27 @@ impl Store {
         W: FnMut(&M, &[u8], Vec<u8>) -> Result<bool>,
     {
         for _ in 0..1000 {
-            let old = self
-                .kv
-                .get(space, key.as_bytes())?
-                .ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+            let guessed = guess.is_some();
+            let old = match guess.take() {
+                Some(g) => g,
+                None => self
+                    .kv
+                    .get(space, key.as_bytes())?
+                    .ok_or_else(|| StoreError::NotFound(key.to_string()))?,
+            };
             let mut msg: M = decode(key, &old)?;
-            f(&mut msg)?;
+            // A refusal or a no-op says something about the record only
+            // if it was read: a guess may be stale.
+            match f(&mut msg) {
+                Err(_) if guessed => continue,
+                r => r?,
+            }
             let new = msg.encode_to_vec();
             // Nothing changed (e.g. a transition that did not apply): no write.
             if new == old {
+                if guessed {
+                    continue;
+                }
                 return Ok(msg);
             }
             if write(&msg, &old, new)? {

@@ -117,8 +117,15 @@ impl PgCluster {
             .arg(dir)
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", &format!("fsync={}", if fsync { "on" } else { "off" })])
-            .args(["-c", "max_connections=200"])
-            .current_dir(dir)
+            .args(["-c", "max_connections=200"]);
+        // More settings for a look inside, e.g. `log_statement=all`.
+        for setting in std::env::var("BYOM_TEST_PG_SETTINGS")
+            .unwrap_or_default()
+            .split_whitespace()
+        {
+            cmd.args(["-c", setting]);
+        }
+        cmd.current_dir(dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);

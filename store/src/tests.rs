@@ -259,6 +259,122 @@ fn command_transitions_are_checked() {
     });
 }
 
+/// A replica updates a command from what it last wrote, without reading
+/// it: when another replica changed it meanwhile, the guarded write fails
+/// and it reads; nothing the other wrote is lost or overruled.
+#[test]
+fn an_update_from_a_stale_copy_never_overrules_another_writer() {
+    both(|f| {
+        let a = f.open();
+        let b = Store::new(a.kv.clone());
+        let get = |id: &str| a.get_command(id).unwrap().unwrap();
+
+        // The other replica cancelled it: this one's dispatch loses.
+        a.create_command(&cmd("cmd_g1", "mch_g"), &[]).unwrap();
+        b.transition(
+            "cmd_g1",
+            &[CommandState::Queued],
+            CommandState::Cancelled,
+            |c| c.reason = "by b".into(),
+        )
+        .unwrap()
+        .unwrap();
+        let r = a
+            .transition(
+                "cmd_g1",
+                &[CommandState::Queued],
+                CommandState::Dispatched,
+                |_| {},
+            )
+            .unwrap();
+        assert!(r.is_none(), "dispatched a cancelled command: {r:?}");
+        assert_eq!(get("cmd_g1").state(), CommandState::Cancelled);
+        assert_eq!(get("cmd_g1").reason, "by b");
+
+        // The other replica changed a field: kept through this one's change.
+        a.create_command(&cmd("cmd_g2", "mch_g"), &[]).unwrap();
+        b.update_command("cmd_g2", |c| {
+            c.cancel_requested = true;
+            Ok(())
+        })
+        .unwrap();
+        let c = a
+            .transition(
+                "cmd_g2",
+                &[CommandState::Queued],
+                CommandState::Dispatched,
+                |_| {},
+            )
+            .unwrap()
+            .unwrap();
+        assert!(c.cancel_requested);
+        assert_eq!(get("cmd_g2"), c);
+
+        // What a stale copy would skip or refuse is judged on the record.
+        a.create_command(&cmd("cmd_g3", "mch_g"), &[]).unwrap();
+        b.transition(
+            "cmd_g3",
+            &[CommandState::Queued],
+            CommandState::Dispatched,
+            |_| {},
+        )
+        .unwrap()
+        .unwrap();
+        let c = a
+            .transition(
+                "cmd_g3",
+                &[CommandState::Dispatched],
+                CommandState::Running,
+                |_| {},
+            )
+            .unwrap();
+        assert_eq!(c.map(|c| c.state()), Some(CommandState::Running));
+        a.create_command(&cmd("cmd_g5", "mch_g"), &[]).unwrap();
+        for to in [CommandState::Dispatched, CommandState::Running] {
+            b.update_command("cmd_g5", |c| {
+                c.set_state(to);
+                Ok(())
+            })
+            .unwrap();
+        }
+        // Queued (its copy) cannot become exited; running (the record) can.
+        let c = a
+            .update_command("cmd_g5", |c| {
+                c.set_state(CommandState::Exited);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(get("cmd_g5"), c);
+
+        // Its own copy, current: each step is stored, and the ends leave
+        // the queue.
+        a.create_command(&cmd("cmd_g4", "mch_g"), &[]).unwrap();
+        for to in [
+            CommandState::Dispatched,
+            CommandState::Running,
+            CommandState::Exited,
+        ] {
+            let c = a
+                .update_command("cmd_g4", |c| {
+                    c.set_state(to);
+                    c.pid += 1;
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(get("cmd_g4"), c);
+        }
+        assert_eq!(get("cmd_g4").pid, 3);
+        let left: Vec<String> = a
+            .pending_commands("mch_g")
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        // Only those still dispatched or running.
+        assert_eq!(left, ["cmd_g2", "cmd_g3"]);
+    });
+}
+
 #[test]
 fn list_commands_filters_newest_first() {
     both(|f| {

@@ -209,7 +209,7 @@ impl Api {
     fn watch_from(
         &self,
         c: pb::Command,
-        mut wake: tokio::sync::watch::Receiver<u64>,
+        mut wake: tokio::sync::watch::Receiver<crate::commands::Wake>,
         offsets: [u64; 2],
     ) -> Stream<pb::CommandEvent> {
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
@@ -284,7 +284,9 @@ impl Api {
                     return;
                 }
                 tokio::select! {
-                    _ = wake.changed() => {}
+                    _ = wake.changed() => {
+                        known = wake.borrow_and_update().ended.as_deref().cloned();
+                    }
                     _ = tokio::time::sleep(WATCH_POLL) => {}
                     _ = tx.closed() => return,
                     _ = api.shutdown.cancelled() => return,

@@ -180,7 +180,7 @@ impl Commands {
             s if s.is_terminal() => s,
             _ => CommandState::Failed,
         };
-        self.store().transition(id, ACTIVE, state, |c| {
+        let ended = self.store().transition(id, ACTIVE, state, |c| {
             c.exit_code = x.exit_code;
             c.signal = x.signal;
             c.duration_ms = x.duration_ms;
@@ -201,7 +201,10 @@ impl Commands {
             };
         })?;
         self.flush().await?;
-        self.notify(id);
+        match ended {
+            Some(c) => self.notify_ended(c),
+            None => self.notify(id),
+        }
         Ok(())
     }
 

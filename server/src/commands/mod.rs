@@ -130,8 +130,17 @@ struct Inner {
     /// How long a machine may stay away after a command of its should have
     /// ended before the command is given up as lost.
     offline_allowance: Duration,
-    /// Command → a counter bumped on every change, for watchers.
-    watchers: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Command → what its watchers are woken with on every change.
+    watchers: Mutex<HashMap<String, watch::Sender<Wake>>>,
+}
+
+/// What wakes a command's watchers: a change counter, and the record once
+/// a change here ended the command (durable by then, and final, so a
+/// watcher can show it without reading it back).
+#[derive(Clone, Default)]
+pub struct Wake {
+    seq: u64,
+    pub ended: Option<Arc<pb::Command>>,
 }
 
 impl Commands {
@@ -159,15 +168,35 @@ impl Commands {
             .tell(crate::cluster::Note::Command(cmd.to_string()));
     }
 
+    /// Wakes everyone watching a command that just ended with record `c`,
+    /// written and flushed; watchers here are handed the record.
+    fn notify_ended(&self, c: pb::Command) {
+        let id = c.id.clone();
+        self.wake_here(&id, Some(Arc::new(c)));
+        self.inner
+            .live
+            .cluster
+            .tell(crate::cluster::Note::Command(id));
+    }
+
     /// Wakes whoever watches a command on this server: another replica
     /// changed it, or may have.
     pub fn notify_here(&self, cmd: &str) {
+        self.wake_here(cmd, None);
+    }
+
+    fn wake_here(&self, cmd: &str, ended: Option<Arc<pb::Command>>) {
         if let Ok(mut w) = self.inner.watchers.lock() {
             if let Some(tx) = w.get(cmd) {
                 if tx.receiver_count() == 0 {
                     w.remove(cmd);
                 } else {
-                    tx.send_modify(|v| *v += 1);
+                    tx.send_modify(|v| {
+                        v.seq += 1;
+                        if ended.is_some() {
+                            v.ended = ended;
+                        }
+                    });
                 }
             }
         }
@@ -193,14 +222,14 @@ impl Commands {
     }
 
     /// Subscribe before reading the store, so no change is missed.
-    pub fn subscribe(&self, cmd: &str) -> watch::Receiver<u64> {
+    pub fn subscribe(&self, cmd: &str) -> watch::Receiver<Wake> {
         match self.inner.watchers.lock() {
             Ok(mut w) => w
                 .entry(cmd.to_string())
-                .or_insert_with(|| watch::channel(0).0)
+                .or_insert_with(|| watch::channel(Wake::default()).0)
                 .subscribe(),
             // A poisoned lock: watchers fall back to polling.
-            Err(_) => watch::channel(0).1,
+            Err(_) => watch::channel(Wake::default()).1,
         }
     }
 
@@ -510,6 +539,9 @@ impl Commands {
             }
             // Woken on every change; the timeout covers a missed wake-up.
             let _ = tokio::time::timeout(WAIT_POLL, rx.changed()).await;
+            if let Some(c) = rx.borrow_and_update().ended.as_deref() {
+                return Ok(c.clone());
+            }
         }
     }
 
