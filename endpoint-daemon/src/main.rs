@@ -195,6 +195,12 @@ enum PolicyCmd {
 
 fn main() {
     let cli = Cli::parse();
+    if matches!(
+        cli.cmd,
+        Cmd::Status { .. } | Cmd::Policy(_) | Cmd::Log { .. } | Cmd::Pending { .. }
+    ) {
+        die_quietly_on_closed_stdout();
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&cli.log)
@@ -210,6 +216,18 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// A listing whose reader went away (`byomd log | head`) stops there, as
+/// Unix tools do, instead of panicking on the closed pipe. Only for the
+/// commands that just print: others write to sockets and children, where a
+/// broken pipe must stay an error, not a silent death.
+fn die_quietly_on_closed_stdout() {
+    #[cfg(unix)]
+    // SAFETY: restoring the default action before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<i32> {
