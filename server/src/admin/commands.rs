@@ -209,90 +209,105 @@ impl Api {
     fn watch_from(
         &self,
         c: pb::Command,
-        mut wake: tokio::sync::watch::Receiver<crate::commands::Wake>,
+        wake: tokio::sync::watch::Receiver<crate::commands::Wake>,
         offsets: [u64; 2],
     ) -> Stream<pb::CommandEvent> {
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let api = self.clone();
         tokio::spawn(async move {
-            let mut offsets = offsets;
-            let mut last_state = None;
             let id = c.id.clone();
-            let mut known = Some(c);
-            loop {
-                let cmd = match known.take() {
-                    Some(c) => c,
-                    None => match api.store.get_command(&id) {
-                        Ok(Some(c)) => c,
-                        _ => return,
-                    },
-                };
-                // Output first, so a terminal state is the last event.
-                let look = may_have_output(&cmd, offsets);
-                for (i, stream) in [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
-                    .into_iter()
-                    .enumerate()
-                    .filter(|_| look)
-                {
-                    loop {
-                        let chunks = match api.store.read_output(
-                            &id,
-                            stream as i32,
-                            offsets[i],
-                            limits::MAX_OUTPUT_CHUNK_BYTES * 4,
-                        ) {
-                            Ok(ch) => ch,
-                            Err(e) => {
-                                let _ = tx.send(Err(store_err(e))).await;
-                                return;
-                            }
-                        };
-                        if chunks.is_empty() {
-                            break;
-                        }
-                        for (off, data) in chunks {
-                            offsets[i] = off + data.len() as u64;
-                            let mut at = off;
-                            for piece in data.chunks(limits::MAX_OUTPUT_CHUNK_BYTES) {
-                                let ev = pb::CommandEvent {
-                                    event: Some(pb::command_event::Event::Output(pb::Output {
-                                        stream: stream as i32,
-                                        offset: at,
-                                        data: piece.to_vec(),
-                                    })),
-                                };
-                                at += piece.len() as u64;
-                                if tx.send(Ok(ev)).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                }
-                if last_state != Some((cmd.state, cmd.cancel_requested)) {
-                    last_state = Some((cmd.state, cmd.cancel_requested));
-                    let mut shown = cmd.clone();
-                    shown.stdin.clear();
-                    let ev = pb::CommandEvent {
-                        event: Some(pb::command_event::Event::State(shown)),
-                    };
-                    if tx.send(Ok(ev)).await.is_err() {
-                        return;
-                    }
-                }
-                if cmd.state().is_terminal() {
-                    return;
-                }
-                tokio::select! {
-                    _ = wake.changed() => {
-                        known = wake.borrow_and_update().ended.as_deref().cloned();
-                    }
-                    _ = tokio::time::sleep(WATCH_POLL) => {}
-                    _ = tx.closed() => return,
-                    _ = api.shutdown.cancelled() => return,
-                }
-            }
+            api.follow(c, wake, offsets, tx).await;
+            // The subscription went with `follow`: forget it unless
+            // someone else still watches.
+            api.commands.unsubscribed(&id);
         });
         Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+
+    /// The body of [`Api::watch_from`]: sends `c`'s events to `tx` until
+    /// it ends, the client goes or the server stops.
+    async fn follow(
+        &self,
+        c: pb::Command,
+        mut wake: tokio::sync::watch::Receiver<crate::commands::Wake>,
+        mut offsets: [u64; 2],
+        tx: tokio::sync::mpsc::Sender<Result<pb::CommandEvent, Status>>,
+    ) {
+        let mut last_state = None;
+        let id = c.id.clone();
+        let mut known = Some(c);
+        loop {
+            let cmd = match known.take() {
+                Some(c) => c,
+                None => match self.store.get_command(&id) {
+                    Ok(Some(c)) => c,
+                    _ => return,
+                },
+            };
+            // Output first, so a terminal state is the last event.
+            let look = may_have_output(&cmd, offsets);
+            for (i, stream) in [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
+                .into_iter()
+                .enumerate()
+                .filter(|_| look)
+            {
+                loop {
+                    let chunks = match self.store.read_output(
+                        &id,
+                        stream as i32,
+                        offsets[i],
+                        limits::MAX_OUTPUT_CHUNK_BYTES * 4,
+                    ) {
+                        Ok(ch) => ch,
+                        Err(e) => {
+                            let _ = tx.send(Err(store_err(e))).await;
+                            return;
+                        }
+                    };
+                    if chunks.is_empty() {
+                        break;
+                    }
+                    for (off, data) in chunks {
+                        offsets[i] = off + data.len() as u64;
+                        let mut at = off;
+                        for piece in data.chunks(limits::MAX_OUTPUT_CHUNK_BYTES) {
+                            let ev = pb::CommandEvent {
+                                event: Some(pb::command_event::Event::Output(pb::Output {
+                                    stream: stream as i32,
+                                    offset: at,
+                                    data: piece.to_vec(),
+                                })),
+                            };
+                            at += piece.len() as u64;
+                            if tx.send(Ok(ev)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            if last_state != Some((cmd.state, cmd.cancel_requested)) {
+                last_state = Some((cmd.state, cmd.cancel_requested));
+                let mut shown = cmd.clone();
+                shown.stdin.clear();
+                let ev = pb::CommandEvent {
+                    event: Some(pb::command_event::Event::State(shown)),
+                };
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            if cmd.state().is_terminal() {
+                return;
+            }
+            tokio::select! {
+                _ = wake.changed() => {
+                    known = wake.borrow_and_update().ended.as_deref().cloned();
+                }
+                _ = tokio::time::sleep(WATCH_POLL) => {}
+                _ = tx.closed() => return,
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
     }
 }

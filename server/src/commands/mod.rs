@@ -12,6 +12,7 @@
 
 mod daemon;
 pub mod queue;
+mod wake;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,7 @@ use crate::idempotency::Pending;
 use crate::live::decorate;
 use crate::live::{LiveMachine, LiveMachines};
 use queue::Candidate;
+pub use wake::Wake;
 
 /// States of a command the daemon has (or may have) received.
 pub const ACTIVE: &[CommandState] = &[
@@ -134,15 +136,6 @@ struct Inner {
     watchers: Mutex<HashMap<String, watch::Sender<Wake>>>,
 }
 
-/// What wakes a command's watchers: a change counter, and the record once
-/// a change here ended the command (durable by then, and final, so a
-/// watcher can show it without reading it back).
-#[derive(Clone, Default)]
-pub struct Wake {
-    seq: u64,
-    pub ended: Option<Arc<pb::Command>>,
-}
-
 impl Commands {
     pub fn new(store: Store, live: Arc<LiveMachines>, offline_allowance: Duration) -> Commands {
         Commands {
@@ -157,80 +150,6 @@ impl Commands {
 
     pub(crate) fn store(&self) -> &Store {
         &self.inner.store
-    }
-
-    /// Wakes everyone watching a command, on every replica.
-    fn notify(&self, cmd: &str) {
-        self.notify_here(cmd);
-        self.inner
-            .live
-            .cluster
-            .tell(crate::cluster::Note::Command(cmd.to_string()));
-    }
-
-    /// Wakes everyone watching a command that just ended with record `c`,
-    /// written and flushed; watchers here are handed the record.
-    fn notify_ended(&self, c: pb::Command) {
-        let id = c.id.clone();
-        self.wake_here(&id, Some(Arc::new(c)));
-        self.inner
-            .live
-            .cluster
-            .tell(crate::cluster::Note::Command(id));
-    }
-
-    /// Wakes whoever watches a command on this server: another replica
-    /// changed it, or may have.
-    pub fn notify_here(&self, cmd: &str) {
-        self.wake_here(cmd, None);
-    }
-
-    fn wake_here(&self, cmd: &str, ended: Option<Arc<pb::Command>>) {
-        if let Ok(mut w) = self.inner.watchers.lock() {
-            if let Some(tx) = w.get(cmd) {
-                if tx.receiver_count() == 0 {
-                    w.remove(cmd);
-                } else {
-                    tx.send_modify(|v| {
-                        v.seq += 1;
-                        if ended.is_some() {
-                            v.ended = ended;
-                        }
-                    });
-                }
-            }
-        }
-    }
-
-    /// Forgets a subscription whose receiver was dropped before anything
-    /// changed (a command that was never created).
-    pub fn unsubscribed(&self, cmd: &str) {
-        if let Ok(mut w) = self.inner.watchers.lock() {
-            if w.get(cmd).is_some_and(|tx| tx.receiver_count() == 0) {
-                w.remove(cmd);
-            }
-        }
-    }
-
-    /// The commands someone on this server watches.
-    pub fn watched(&self) -> Vec<String> {
-        self.inner
-            .watchers
-            .lock()
-            .map(|w| w.keys().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// Subscribe before reading the store, so no change is missed.
-    pub fn subscribe(&self, cmd: &str) -> watch::Receiver<Wake> {
-        match self.inner.watchers.lock() {
-            Ok(mut w) => w
-                .entry(cmd.to_string())
-                .or_insert_with(|| watch::channel(Wake::default()).0)
-                .subscribe(),
-            // A poisoned lock: watchers fall back to polling.
-            Err(_) => watch::channel(Wake::default()).1,
-        }
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
@@ -523,15 +442,16 @@ impl Commands {
         Ok(c)
     }
 
-    /// Waits until a command ends and returns its final record.
+    /// Waits until a command ends and returns its final record (perhaps
+    /// without its stdin).
     pub async fn wait_end(&self, id: &str) -> Result<pb::Command, CommandError> {
         let mut rx = self.subscribe(id);
-        loop {
+        let end = loop {
             match self.store().get_command(id) {
-                Ok(Some(c)) if c.state().is_terminal() => return Ok(c),
+                Ok(Some(c)) if c.state().is_terminal() => break Ok(c),
                 Ok(Some(_)) => {}
                 Ok(None) => {
-                    return Err(CommandError::NotFound(format!(
+                    break Err(CommandError::NotFound(format!(
                         "{id} disappeared from the store"
                     )))
                 }
@@ -540,9 +460,12 @@ impl Commands {
             // Woken on every change; the timeout covers a missed wake-up.
             let _ = tokio::time::timeout(WAIT_POLL, rx.changed()).await;
             if let Some(c) = rx.borrow_and_update().ended.as_deref() {
-                return Ok(c.clone());
+                break Ok(c.clone());
             }
-        }
+        };
+        drop(rx);
+        self.unsubscribed(id);
+        end
     }
 
     /// Fails queued commands whose queue TTL passed without their machine
@@ -649,5 +572,61 @@ impl Commands {
             self.notify(&c.id);
         }
         self.flush().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whoever waits for a command's end is handed the final record (no
+    /// read back, no stdin kept in memory), and no subscription outlives
+    /// the wait.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_gets_the_final_record_and_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(dir.path()).unwrap();
+        let live = Arc::new(LiveMachines::new(crate::cluster::Cluster::alone()));
+        let commands = Commands::new(store.clone(), live, Duration::from_secs(60));
+        let c = pb::Command {
+            id: "cmd_w".into(),
+            machine_id: "mch_w".into(),
+            state: CommandState::Dispatched as i32,
+            stdin: vec![7; 1000],
+            ..Default::default()
+        };
+        store.create_command(&c, &[]).unwrap();
+
+        let waiter = {
+            let commands = commands.clone();
+            tokio::spawn(async move { commands.wait_end("cmd_w").await })
+        };
+        // Subscribed (the wait read the record and sleeps on its wake-up).
+        for _ in 0..500 {
+            if !commands.watched().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(commands.watched(), ["cmd_w"]);
+        let exit = pb::Exit {
+            state: CommandState::Exited as i32,
+            exit_code: Some(3),
+            ..Default::default()
+        };
+        commands.exited("cmd_w", &exit).await.unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("woken by the end, not by polling")
+            .unwrap()
+            .unwrap();
+        assert_eq!(end.state(), CommandState::Exited);
+        assert_eq!(end.exit_code, Some(3));
+        assert!(end.stdin.is_empty());
+        assert!(commands.watched().is_empty(), "{:?}", commands.watched());
+        // The store has it all the same.
+        let stored = store.get_command("cmd_w").unwrap().unwrap();
+        assert_eq!(stored.exit_code, Some(3));
+        assert_eq!(stored.stdin.len(), 1000);
     }
 }
