@@ -646,14 +646,22 @@ fn exec_by_label_picks_the_least_busy_online_machine() {
     );
     a.stop();
     b.stop();
+    // A stopped daemon says goodbye: offline at once, not when its
+    // heartbeats are missed.
     server.wait_online("web-a", false, T);
     server.wait_online("web-b", false, T);
+    let why = server.machine("web-a")["offline_reason"].clone();
+    assert_eq!(why, "daemon closed the connection", "{why}");
+    // A definite answer, not a server away: the CLI does not retry it (it
+    // used to, for 30 s).
+    let t = Instant::now();
     let out = server.byom(&["exec", "--label", "team=web", "--", "true"]);
     assert!(
         stderr(&out).contains("no online machine") && stderr(&out).contains("web-a (offline)"),
         "{}",
         stderr(&out)
     );
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
     let out = server.byom(&["exec", "web-a", "--label", "team=web", "--", "true"]);
     assert!(
         !out.status.success(),

@@ -209,7 +209,9 @@ fn command_err(e: CommandError) -> Status {
         CommandError::NotFound(m) => Status::not_found(m),
         CommandError::Invalid(m) => Status::invalid_argument(m),
         CommandError::Refused(m) => Status::failed_precondition(m),
-        CommandError::Unavailable(m) => Status::unavailable(m),
+        // A definite answer (no machine can take it now), not a server
+        // that is away: `Unavailable` would have clients send it again.
+        CommandError::Unavailable(m) => Status::failed_precondition(m),
         CommandError::Full(m) => Status::resource_exhausted(m),
         CommandError::Store(e) => store_err(e),
     }
