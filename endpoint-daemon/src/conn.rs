@@ -32,6 +32,8 @@ const START_REPORT_DELAY: Duration = Duration::from_millis(20);
 /// How often the certificate's remaining lifetime is checked.
 const RENEW_CHECK: Duration = Duration::from_secs(600);
 const STATUS_FILE: &str = "run.json";
+/// How long a stopping daemon waits for its close to reach the server.
+const STOP_CLOSE_WAIT: Duration = Duration::from_millis(500);
 /// How often the owner's pause flag is looked at.
 const PAUSE_POLL: Duration = Duration::from_millis(250);
 
@@ -295,13 +297,16 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
             .unwrap_or_else(|| ident.server_addr.clone());
         set_status(&dir, "connecting", &server, "");
         let started = Instant::now();
+        let live = LiveConn::default();
         let end = tokio::select! {
-            r = session(&dir, &ident, &key, &server, &runner, &opts.labels, trial.as_deref()) => r,
+            r = session(&dir, &ident, &key, &server, &runner, &opts.labels, trial.as_deref(), &live) => r,
             _ = shutdown.cancelled() => {
                 set_status(&dir, "stopped", &server, "");
                 runner.cancel_all("byomd stopped");
-                // Let the kill signals land before the process goes.
+                // Let the kill signals land, and the stopped commands'
+                // results go out, before the connection does.
                 tokio::time::sleep(Duration::from_millis(200)).await;
+                close_for_good(&live, "byomd stopped").await;
                 return Ok(());
             }
         };
@@ -479,6 +484,22 @@ async fn hello(
     Ok((ctl_send, ctl_recv, ack))
 }
 
+/// The session's connection and its endpoint, once connected: a stopping
+/// daemon closes it itself, so the server shows the machine offline at
+/// once rather than when its heartbeats stop.
+type LiveConn = std::sync::Mutex<Option<(quinn::Connection, quinn::Endpoint)>>;
+
+/// Closes the connection in `live` (if any) and gives the close a moment
+/// to reach the server.
+async fn close_for_good(live: &LiveConn, why: &str) {
+    let taken = live.lock().ok().and_then(|mut l| l.take());
+    if let Some((conn, endpoint)) = taken {
+        conn.close(0u32.into(), why.as_bytes());
+        let _ = tokio::time::timeout(STOP_CLOSE_WAIT, endpoint.wait_idle()).await;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn session(
     dir: &Path,
     ident: &Identity,
@@ -487,6 +508,7 @@ async fn session(
     runner: &Arc<Runner>,
     labels: &[(String, String)],
     trial: Option<&Path>,
+    live: &LiveConn,
 ) -> anyhow::Result<End> {
     let addr = crate::pair::resolve(server).await?;
     let cfg = crate::tls::machine_config(&ident.ca_pem, &ident.cert_pem, key)?;
@@ -522,6 +544,9 @@ async fn session(
                 }
             }
         };
+    if let Ok(mut l) = live.lock() {
+        *l = Some((conn.clone(), _endpoint.clone()));
+    }
     let expired =
         crate::tls::cert_validity(&ident.cert_pem).is_none_or(|(na, _)| na <= crate::now_ms());
     if expired {
