@@ -161,25 +161,30 @@ impl Store {
             guess,
             check,
             |c: &pb::Command, old, new| {
-                let written = new.clone();
                 let done = if shared && ended.get() {
                     let guard = Guard {
                         space: Space::Commands,
                         key: id.as_bytes().to_vec(),
                         value: old.to_vec(),
                     };
+                    // It ended: nothing to remember (its entry was taken).
                     let ops = [
                         Op::put(Space::Commands, id.as_bytes(), new),
                         Op::delete(Space::Pending, pending_key(&c.machine_id, id)),
                     ];
-                    self.kv.batch_if(&guard, &ops)
+                    self.kv.batch_if(&guard, &ops)?
                 } else {
-                    self.kv
-                        .compare_and_swap(Space::Commands, id.as_bytes(), Some(old), Some(&new))
-                }?;
-                if done {
-                    self.recent.wrote(id, c, &written);
-                }
+                    let done = self.kv.compare_and_swap(
+                        Space::Commands,
+                        id.as_bytes(),
+                        Some(old),
+                        Some(&new),
+                    )?;
+                    if done {
+                        self.recent.wrote(id, c, &new);
+                    }
+                    done
+                };
                 Ok(done)
             },
         )?;

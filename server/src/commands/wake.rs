@@ -8,12 +8,11 @@ use tokio::sync::watch;
 
 use super::Commands;
 
-/// What wakes a command's watchers: a change counter, and the record once
-/// a change here ended the command (durable by then, and final, so a
-/// watcher can show it without reading it back).
+/// What a command's watchers are woken with (every change wakes them):
+/// the record once a change here ended the command (durable by then, and
+/// final, so a watcher can show it without reading it back).
 #[derive(Clone, Default)]
 pub struct Wake {
-    seq: u64,
     pub ended: Option<Arc<pb::Command>>,
 }
 
@@ -52,8 +51,8 @@ impl Commands {
                 if tx.receiver_count() == 0 {
                     w.remove(cmd);
                 } else {
+                    // Marks the value seen-changed even when it stays.
                     tx.send_modify(|v| {
-                        v.seq += 1;
                         if ended.is_some() {
                             v.ended = ended;
                         }
