@@ -10,6 +10,9 @@
 //! re-issue it at start; it works until someone revokes it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use byom_store::{Op, Store, StoreError};
 use serde::{Deserialize, Serialize};
@@ -68,7 +71,49 @@ pub fn load(store: &Store) -> Result<Admins, StoreError> {
 fn save(store: &Store, a: &Admins) -> Result<(), StoreError> {
     let json = serde_json::to_vec(a).unwrap_or_default();
     store.batch(&[Op::channel_state("", ADMINS_KEY, &json)])?;
+    changed();
     store.flush()
+}
+
+/// How long a replica may check calls against the admin list it read last,
+/// when several servers share the store. A change made here applies to the
+/// next call; one made on another replica as soon as its note arrives
+/// ([`changed`]), or after this if the note was lost.
+pub const SHARED_FRESH: Duration = Duration::from_secs(1);
+
+/// Bumped whenever the list may have changed. Process-wide: several
+/// servers in one process (tests) only re-read more often.
+static CHANGES: AtomicU64 = AtomicU64::new(0);
+
+/// The admin list changed (here, or a replica said so).
+pub fn changed() {
+    CHANGES.fetch_add(1, Ordering::SeqCst);
+}
+
+/// The admin list every API call is checked against. On a store of its
+/// own the server reads it each time (a local read costs microseconds);
+/// on a shared one that read is a database statement per call, so the
+/// list is kept for up to [`SHARED_FRESH`] and until it changes.
+#[derive(Default)]
+pub struct Checker(Mutex<Option<(u64, Instant, Arc<Admins>)>>);
+
+impl Checker {
+    pub fn admins(&self, store: &Store) -> Result<Arc<Admins>, StoreError> {
+        if !store.is_shared() {
+            return load(store).map(Arc::new);
+        }
+        // Read before the list: a change after this re-reads next time.
+        let gen = CHANGES.load(Ordering::SeqCst);
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((g, at, a)) = &*kept {
+            if *g == gen && at.elapsed() < SHARED_FRESH {
+                return Ok(a.clone());
+            }
+        }
+        let a = Arc::new(load(store)?);
+        *kept = Some((gen, Instant::now(), a.clone()));
+        Ok(a)
+    }
 }
 
 /// Whether a caller presenting `name`'s certificate with key `spki` may

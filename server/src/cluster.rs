@@ -42,6 +42,8 @@ pub enum Note {
     Connected(String),
     /// The agents' inbox has work.
     Agents,
+    /// The admin list changed.
+    Admins,
     /// Some notes may have been missed: look at everything.
     Resync,
 }
@@ -55,6 +57,7 @@ impl Note {
             Note::Revoke(m, why) => format!("{replica} revoke {m} {why}"),
             Note::Connected(m) => format!("{replica} conn {m}"),
             Note::Agents => format!("{replica} agents"),
+            Note::Admins => format!("{replica} admins"),
             Note::Resync => "*".into(),
         }
     }
@@ -84,6 +87,7 @@ impl Note {
             }
             "conn" => Note::Connected(word(rest)?.0),
             "agents" => Note::Agents,
+            "admins" => Note::Admins,
             _ => return None,
         };
         Some((from.to_string(), note))
@@ -262,6 +266,7 @@ mod tests {
             Note::Revoke("mch_1".into(), "stolen laptop".into()),
             Note::Connected("mch_1".into()),
             Note::Agents,
+            Note::Admins,
         ] {
             let (from, back) = Note::decode(&n.encode("rep_1")).unwrap();
             assert_eq!((from.as_str(), &back), ("rep_1", &n));

@@ -32,6 +32,10 @@ pub struct LiveMachine {
     backlog: AtomicBool,
     /// Rung whenever the dispatcher has something to do.
     work: Notify,
+    /// Held by a command's creation from counting the machine's queue to
+    /// storing the command, so concurrent creations each count the others
+    /// and can all go straight to a free slot.
+    pub admission: tokio::sync::Mutex<()>,
 }
 
 /// The connection's command slots (at most `max_concurrency` in use).
@@ -42,6 +46,8 @@ struct Slots {
     /// Slots promised to commands stored `dispatched` whose stream is not
     /// open yet.
     reserved: usize,
+    /// Commands whose end is stored while their stream closes.
+    ended: std::collections::HashSet<String>,
     /// Commands created straight into a reserved slot, for the dispatcher
     /// to send.
     handed: Vec<pb::Command>,
@@ -68,6 +74,7 @@ impl LiveMachine {
             look: AtomicBool::new(true),
             backlog: AtomicBool::new(true),
             work: Notify::new(),
+            admission: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -97,10 +104,19 @@ impl LiveMachine {
         self.slots().active.len()
     }
 
-    /// Commands with a stream open or promised a slot.
-    pub fn in_flight(&self) -> usize {
+    /// Commands this connection holds that are unfinished in the store:
+    /// streams open and not ended, and slots promised to stored ones.
+    pub fn unfinished(&self) -> usize {
         let s = self.slots();
-        s.active.len() + s.reserved
+        s.active.len().saturating_sub(s.ended.len()) + s.reserved
+    }
+
+    /// The command's end is stored; its stream is closing.
+    pub fn ended(&self, cmd: &str) {
+        let mut s = self.slots();
+        if s.active.contains_key(cmd) {
+            s.ended.insert(cmd.to_string());
+        }
     }
 
     /// Promises up to `n` free slots; returns how many.
@@ -133,7 +149,11 @@ impl LiveMachine {
     /// A command's stream closed: a slot is free, worth a look at the
     /// queue only if it may hold more.
     pub fn untrack(&self, cmd: &str) {
-        self.slots().active.remove(cmd);
+        {
+            let mut s = self.slots();
+            s.active.remove(cmd);
+            s.ended.remove(cmd);
+        }
         if self.backlog.load(Ordering::SeqCst) {
             self.wake();
         }

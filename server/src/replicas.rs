@@ -45,7 +45,11 @@ impl Followers {
                 }
             }
             Note::Agents => self.inbox.wake_here(),
-            Note::Resync => self.look().await,
+            Note::Admins => crate::admins::changed(),
+            Note::Resync => {
+                crate::admins::changed();
+                self.look().await
+            }
         }
     }
 

@@ -153,6 +153,11 @@ pub trait Backend: Send + Sync + 'static {
     /// whether it did. A write fenced by a lease's epoch: a holder that
     /// lost the lease cannot write, however late its write arrives.
     fn batch_if(&self, guard: &Guard, ops: &[Op]) -> Result<bool>;
+    /// Whether every write is durable once it returns, so `flush` has
+    /// nothing to wait for.
+    fn writes_are_durable(&self) -> bool {
+        false
+    }
     /// Whether other processes share this store (replicas).
     fn is_shared(&self) -> bool {
         false

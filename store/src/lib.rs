@@ -99,6 +99,9 @@ pub struct Store {
     /// old value of their next update, which then needs no read when no
     /// one else wrote since. Never read as the record itself.
     recent: Arc<commands::Recent>,
+    /// Machine name → the ID it last resolved to: a lookup then reads only
+    /// the machine's record, which says whether the name still is its own.
+    names: Arc<machines::Names>,
 }
 
 /// Group commit's bookkeeping: flushes are numbered as they start; `done`
@@ -132,6 +135,7 @@ impl Store {
             group: Arc::default(),
             pending_counts: Arc::default(),
             recent: Arc::default(),
+            names: Arc::default(),
         }
     }
 
@@ -156,6 +160,9 @@ impl Store {
     /// `select!`) cannot leave the others waiting for an announcement that
     /// never comes, and no other thread has to be woken to flush.
     pub async fn flush_async(&self) -> Result<()> {
+        if self.kv.writes_are_durable() {
+            return Ok(());
+        }
         let g = &self.group;
         let mut done = g.done.subscribe();
         // A flush already running may have started before our writes: ours

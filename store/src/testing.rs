@@ -204,6 +204,11 @@ impl PgCluster {
         self.port
     }
 
+    /// The postmaster's process ID (its backends are its children).
+    pub fn pid(&self) -> u32 {
+        self.server.id()
+    }
+
     /// The URL of database `db`, created if it does not exist.
     pub fn url(&self, db: &str) -> String {
         let url = format!("postgres://byom@127.0.0.1:{}/{db}", self.port);

@@ -485,6 +485,46 @@ fn machine_names_are_unique() {
     });
 }
 
+/// A name this process resolved before is confirmed by the machine's own
+/// record: another process renaming or revoking the machine and giving the
+/// name to a new one is seen at once.
+#[test]
+fn a_remembered_name_never_outlives_its_machine() {
+    both(|f| {
+        let here = f.open();
+        // Another server sharing the store, with memories of its own.
+        let there = Store::new(here.kv.clone());
+        let machine = |id: &str| pb::Machine {
+            id: id.into(),
+            name: "lap".into(),
+            ..Default::default()
+        };
+        let resolve = |name: &str| here.resolve_machine(name).unwrap().map(|m| m.id);
+        there.create_machine(&mut machine("mch_a")).unwrap();
+        assert_eq!(resolve("lap").as_deref(), Some("mch_a"));
+        assert_eq!(resolve("lap").as_deref(), Some("mch_a"));
+        // Renamed there; the name goes to a new machine.
+        there.rename_machine("mch_a", "desk").unwrap();
+        there.create_machine(&mut machine("mch_b")).unwrap();
+        assert_eq!(resolve("lap").as_deref(), Some("mch_b"));
+        assert_eq!(resolve("desk").as_deref(), Some("mch_a"));
+        // Revoked there (its name released); the name is paired again.
+        there
+            .update_machine("mch_b", |m| {
+                m.revoked = true;
+                Ok(())
+            })
+            .unwrap();
+        there.release_machine_name("lap", "mch_b").unwrap();
+        assert_eq!(resolve("lap"), None);
+        there.create_machine(&mut machine("mch_c")).unwrap();
+        assert_eq!(resolve("lap").as_deref(), Some("mch_c"));
+        // Forgotten there.
+        there.delete_machine("mch_c").unwrap();
+        assert_eq!(resolve("lap"), None);
+    });
+}
+
 /// A backend whose flushes are slow and recorded (start and end), so the
 /// group commit's promise can be checked: every caller returns only after a
 /// flush that started after its call ended.

@@ -219,6 +219,8 @@ fn main() {
     // PostgreSQL, 1 to 3 replicas, one cluster per size (a fresh database).
     let mut pg_rt = Duration::ZERO;
     let mut pg_rates = Vec::new();
+    // CPU per command of one replica and of PostgreSQL, in µs.
+    let mut pg_cpu = (0.0, 0.0);
     for replicas in 1..=3 {
         let dir = tempfile::tempdir().unwrap();
         let cluster = Arc::new(byom_store::testing::PgCluster::start_durable());
@@ -238,7 +240,13 @@ fn main() {
         if replicas == 1 {
             pg_rt = p50(rt.block_on(round_trips(refs[0], n)));
         }
+        let pg_pid = store.cluster.pid();
+        let before = (cpu(&[refs[0].pid()]), byom_tests::tree_cpu_time(pg_pid));
         pg_rates.push(rt.block_on(throughput(&refs, k, m)));
+        if replicas == 1 {
+            let after = (cpu(&[refs[0].pid()]), byom_tests::tree_cpu_time(pg_pid));
+            pg_cpu = (per_cmd(after.0 .0, before.0 .0), per_cmd(after.1, before.1));
+        }
         drop(ds);
     }
 
@@ -309,6 +317,10 @@ fn main() {
         "CPU per command at that rate:           server {server_cpu:.0} µs, daemons {daemons_cpu:.0} µs, `true` itself {commands_cpu:.0} µs, client {client_cpu:.0} µs"
     );
     println!("  so at most {ceiling:.0} commands/s with all {cores} cores busy");
+    println!(
+        "CPU per command, PostgreSQL, 1 replica:  server {:.0} µs, PostgreSQL {:.0} µs",
+        pg_cpu.0, pg_cpu.1
+    );
     for (i, r) in pg_rates.iter().enumerate() {
         println!(
             "commands/s, PostgreSQL, {} replica(s):   {r:.0} ({:.2}x sled)",

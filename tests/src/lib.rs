@@ -791,6 +791,31 @@ pub fn cpu_time(pid: u32) -> (Duration, Duration) {
     (sum([11, 12]), sum([13, 14]))
 }
 
+/// CPU used by a process and its living children (a server's workers,
+/// such as PostgreSQL's backends), each with what it reaped.
+pub fn tree_cpu_time(pid: u32) -> Duration {
+    let (own, reaped) = cpu_time(pid);
+    let mut sum = own + reaped;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return sum;
+    };
+    for e in entries.flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            let (own, reaped) = cpu_time(child);
+            sum += own + reaped;
+        }
+    }
+    sum
+}
+
 /// Spawns `true` locally and waits for it: the baseline job.
 pub async fn spawn_true() {
     let s = tokio::process::Command::new("true").status().await;

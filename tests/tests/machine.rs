@@ -709,3 +709,61 @@ fn pair_replace_takes_over_name_and_labels_and_revokes_the_old_identity() {
     assert_eq!(server.machine(&old_id)["revoked"], true);
     assert!(server.byom(&["exec", "lap", "--", "true"]).status.success());
 }
+
+/// As many commands as the daemon runs at once, created at once on an
+/// idle machine: each counts the others in the machine's queue and goes
+/// straight to the daemon, stored `dispatched` at creation, none through
+/// the queue (a read of it and a second write each, a statement apiece on
+/// PostgreSQL).
+#[test]
+fn concurrent_commands_go_straight_to_a_connected_daemon() {
+    use byom_protocol::pb;
+    // The default policy's `max_concurrency`.
+    const N: usize = 8;
+    let (_dir, server, _d) = setup("lap");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let states = rt.block_on(async {
+        let creds = byom_api::load_creds(Some(&server.creds()), Some(&server.api_addr.to_string()))
+            .unwrap();
+        let client = byom_api::connect(&creds).await.unwrap();
+        let runs: Vec<_> = (0..N)
+            .map(|_| {
+                let mut client = client.clone();
+                tokio::spawn(async move {
+                    let req = pb::CreateCommandRequest {
+                        machine: "lap".into(),
+                        argv: vec!["true".into()],
+                        ..Default::default()
+                    };
+                    let run = byom_api::run_command(&client, req).await.unwrap();
+                    let created = run.command.state();
+                    let end = tokio::time::timeout(
+                        T,
+                        run.to_end(&mut client, Default::default(), |_| {}),
+                    )
+                    .await
+                    .expect("the command ended")
+                    .unwrap()
+                    .unwrap();
+                    (created, end.state())
+                })
+            })
+            .collect();
+        let mut v = Vec::new();
+        for r in runs {
+            v.push(r.await.unwrap());
+        }
+        v
+    });
+    assert!(
+        states
+            .iter()
+            .all(|(_, end)| *end == pb::CommandState::Exited),
+        "{states:?}"
+    );
+    let queued = states
+        .iter()
+        .filter(|(created, _)| *created != pb::CommandState::Dispatched)
+        .count();
+    assert_eq!(queued, 0, "{queued} of {N} commands went through the queue");
+}

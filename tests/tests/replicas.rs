@@ -111,6 +111,35 @@ fn any_replica_serves_any_machine_and_any_call() {
         "the revocation reached the daemon after {took:?}"
     );
     assert!(d.log().contains("revoked"), "{}", d.log());
+
+    // An admin added on a works on c; revoked on a, she is refused on c
+    // within a second, though c keeps the list it checks calls against.
+    let ada = dir.path().join("ada-creds");
+    let out = a.byom(&["admins", "add", "ada", "--out", ada.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let as_ada = |r: &Server| {
+        r.byom_cmd(&["machines", "ls"])
+            .env("BYOM_CREDS", &ada)
+            .output()
+            .unwrap()
+    };
+    for r in [a, b, c] {
+        let out = as_ada(r);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = a.byom(&["admins", "revoke", "ada"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let t = Instant::now();
+    let refused = wait_for("ada refused on c", Duration::from_secs(5), || {
+        let out = as_ada(c);
+        (!out.status.success()).then(|| stderr(&out))
+    });
+    let took = t.elapsed();
+    assert!(refused.contains("revoked"), "{refused}");
+    assert!(
+        took < Duration::from_secs(1) + Duration::from_millis(500),
+        "the admin's revocation reached another replica after {took:?}"
+    );
 }
 
 const PARALLEL: &str = "check `echo one`, `echo two` and `echo three` on lap in parallel, then ask me before running `echo cleaned-up`";

@@ -82,13 +82,19 @@ impl tonic::transport::server::Connected for AdminConn {
     }
 }
 
-/// Every call is checked against the admin list as it is now, so a
-/// revoke takes effect on connections already open too.
-fn admitted(store: &Store, req: Request<()>) -> Result<Request<()>, Status> {
+/// Every call is checked against the admin list as it is now (another
+/// replica's change: once its note arrives, within
+/// [`crate::admins::SHARED_FRESH`] at worst), so a revoke takes effect on
+/// connections already open too.
+fn admitted(
+    store: &Store,
+    checker: &crate::admins::Checker,
+    req: Request<()>,
+) -> Result<Request<()>, Status> {
     let Some(who) = req.extensions().get::<AdminIdentity>() else {
         return Err(Status::unauthenticated("no admin certificate"));
     };
-    let admins = crate::admins::load(store).map_err(store_err)?;
+    let admins = checker.admins(store).map_err(store_err)?;
     crate::admins::check(&admins, &who.name, &who.spki).map_err(Status::permission_denied)?;
     Ok(req)
 }
@@ -176,8 +182,10 @@ pub async fn serve(
     let svc = AdminServer::new(api)
         .max_decoding_message_size(limits::MAX_FRAME_BYTES)
         .max_encoding_message_size(limits::MAX_FRAME_BYTES * 4);
-    let svc =
-        tonic::service::interceptor::InterceptedService::new(svc, move |req| admitted(&store, req));
+    let checker = Arc::new(crate::admins::Checker::default());
+    let svc = tonic::service::interceptor::InterceptedService::new(svc, move |req| {
+        admitted(&store, &checker, req)
+    });
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
     if let Err(e) = tonic::transport::Server::builder()
         .add_service(svc)

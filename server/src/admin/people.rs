@@ -45,6 +45,7 @@ impl Api {
                     .map_err(|e| Status::invalid_argument(e.to_string()))?;
                 let r = admins::add(&self.store, name, &spki, by, byom_wire::now_ms())
                     .map_err(admin_err)?;
+                self.live.cluster.tell(crate::cluster::Note::Admins);
                 tracing::info!(name, by, "admin certificate issued");
                 Ok(json!({"name": r.name, "cert_pem": cert,
                           "ca_pem": self.identity.pki.ca_pem, "spki_sha256": spki}))
@@ -53,6 +54,8 @@ impl Api {
                 self.may_manage(by)?;
                 let r = admins::revoke(&self.store, name, by, byom_wire::now_ms())
                     .map_err(admin_err)?;
+                // The other replicas check calls against it at once.
+                self.live.cluster.tell(crate::cluster::Note::Admins);
                 let mut v = serde_json::to_value(&r).unwrap_or(Value::Null);
                 super::agents::times(&mut v);
                 Ok(v)

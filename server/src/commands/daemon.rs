@@ -175,10 +175,23 @@ impl Commands {
     }
 
     /// The daemon's exit record, durable before the daemon may forget it.
-    pub async fn exited(&self, id: &str, x: &pb::Exit) -> Result<(), StoreError> {
+    /// `live`: the connection it came on, which stops counting the command
+    /// as unfinished in the same moment as the store's queue does (under
+    /// its admission), so a creation never sees one count without the
+    /// other and sends its command through the queue for nothing.
+    pub async fn exited(
+        &self,
+        id: &str,
+        x: &pb::Exit,
+        live: Option<&LiveMachine>,
+    ) -> Result<(), StoreError> {
         let state = match x.state() {
             s if s.is_terminal() => s,
             _ => CommandState::Failed,
+        };
+        let admission = match live {
+            Some(l) => Some(l.admission.lock().await),
+            None => None,
         };
         let ended = self.store().transition(id, ACTIVE, state, |c| {
             c.exit_code = x.exit_code;
@@ -200,6 +213,10 @@ impl Commands {
                 byom_wire::now_ms()
             };
         })?;
+        if let Some(l) = live {
+            l.ended(id);
+        }
+        drop(admission);
         self.flush().await?;
         match ended {
             Some(c) => self.notify_ended(c),

@@ -272,13 +272,6 @@ impl Commands {
                 m.name
             )));
         }
-        let queued = self.store().pending_count(&m.id)?;
-        if queued >= limits::MAX_QUEUED_PER_MACHINE {
-            return Err(CommandError::Full(format!(
-                "machine {} already has {queued} commands waiting; cancel some or wait",
-                m.name
-            )));
-        }
         if n.queue_ttl_ms > ms(limits::MAX_QUEUE_TTL) {
             return invalid(format!(
                 "queue TTL too long: at most {}",
@@ -322,13 +315,28 @@ impl Commands {
             ));
         }
         let extra = claim.map(|p| p.ops(&c.id, "")).unwrap_or_default();
-        let direct = self.direct_slot(&m.id, queued);
+        // Counted and stored under the connection's admission, so that
+        // concurrent creations see each other in the count.
+        let here = self.inner.live.get(&m.id);
+        let admission = match &here {
+            Some(l) => Some(l.admission.lock().await),
+            None => None,
+        };
+        let queued = self.store().pending_count(&m.id)?;
+        if queued >= limits::MAX_QUEUED_PER_MACHINE {
+            return Err(CommandError::Full(format!(
+                "machine {} already has {queued} commands waiting; cancel some or wait",
+                m.name
+            )));
+        }
+        let direct = here.clone().and_then(|l| self.direct_slot(l, queued));
         if let Some(live) = &direct {
             c.set_state(CommandState::Dispatched);
             c.dispatched_at_ms = now;
             c.instance_id = live.instance_id.clone();
         }
         let stored = self.store().create_command(&c, &extra);
+        drop(admission);
         // Acknowledged (and sent) only once durable.
         let r = match stored {
             Ok(()) => self.flush().await,
@@ -350,10 +358,9 @@ impl Commands {
     /// The machine's connection on this server, with a slot reserved, if
     /// a new command may skip the queue: the daemon is connected here and
     /// not paused, and each of the machine's `pending` unfinished commands
-    /// is one the connection runs (none is queued before this one).
-    fn direct_slot(&self, machine_id: &str, pending: usize) -> Option<Arc<LiveMachine>> {
-        let live = self.inner.live.get(machine_id)?;
-        if !live.online() || live.paused() || live.in_flight() != pending {
+    /// is one the connection holds (none is queued before this one).
+    fn direct_slot(&self, live: Arc<LiveMachine>, pending: usize) -> Option<Arc<LiveMachine>> {
+        if !live.online() || live.paused() || live.unfinished() != pending {
             return None;
         }
         (live.reserve(1) == 1).then_some(live)
@@ -614,7 +621,7 @@ mod tests {
             exit_code: Some(3),
             ..Default::default()
         };
-        commands.exited("cmd_w", &exit).await.unwrap();
+        commands.exited("cmd_w", &exit, None).await.unwrap();
         let end = tokio::time::timeout(Duration::from_secs(1), waiter)
             .await
             .expect("woken by the end, not by polling")

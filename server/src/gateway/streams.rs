@@ -142,7 +142,7 @@ async fn drive(
             }
             Some(to_server::Msg::Exit(x)) => {
                 // Durable before the daemon may forget the result.
-                commands.exited(&id, &x).await?;
+                commands.exited(&id, &x, Some(live)).await?;
                 let ack = ToDaemon {
                     msg: Some(to_daemon::Msg::Ack(pb::ResultAck {})),
                 };
