@@ -123,6 +123,11 @@ pub type Kv = (Vec<u8>, Vec<u8>);
 /// `flush` makes everything written before it durable.
 pub trait Backend: Send + Sync + 'static {
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// The values of `keys`, in their order: one round trip where the
+    /// backend has them (a queue's records, read together).
+    fn get_many(&self, space: Space, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|k| self.get(space, k)).collect()
+    }
     fn put(&self, space: Space, key: &[u8], value: &[u8]) -> Result<()>;
     fn delete(&self, space: Space, key: &[u8]) -> Result<()>;
     /// Sets `key` to `new` only if it currently holds `old` (`None`: absent).

@@ -127,6 +127,16 @@ impl Store {
         self.get_msg(Space::Commands, id)
     }
 
+    /// Commands by ID, in order, read together (one statement on a shared
+    /// store, however long the queue).
+    fn get_commands(&self, ids: &[String]) -> Result<Vec<Option<pb::Command>>> {
+        let keys: Vec<Vec<u8>> = ids.iter().map(|id| id.as_bytes().to_vec()).collect();
+        ids.iter()
+            .zip(self.kv.get_many(Space::Commands, &keys)?)
+            .map(|(id, v)| v.map(|b| crate::decode(id, &b)).transpose())
+            .collect()
+    }
+
     /// Updates a command. `f` returns the new state (or the same state to
     /// change only fields); illegal transitions are refused. A command that
     /// ends leaves its machine's queue: on a shared store in the same
@@ -226,10 +236,13 @@ impl Store {
             false,
             MAX_LIST,
         )?;
+        let ids: Vec<String> = keys
+            .iter()
+            .map(|(k, _)| String::from_utf8_lossy(&k[prefix.len()..]).into_owned())
+            .collect();
         let mut out = Vec::new();
-        for (k, _) in keys {
-            let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
-            match self.get_command(&id)? {
+        for (id, c) in ids.iter().zip(self.get_commands(&ids)?) {
+            match c {
                 Some(c) if !c.state().is_terminal() => out.push(c),
                 // A crash between the terminal write and the index delete
                 // leaves a stale entry: clean it now.
@@ -250,19 +263,19 @@ impl Store {
             false,
             MAX_LIST,
         )?;
-        let mut out = Vec::new();
-        for (k, _) in keys {
-            let key = String::from_utf8_lossy(&k).into_owned();
-            let Some((_, id)) = key.split_once('/') else {
-                continue;
-            };
-            if let Some(c) = self.get_command(id)? {
-                if !c.state().is_terminal() {
-                    out.push(c);
-                }
-            }
-        }
-        Ok(out)
+        let ids: Vec<String> = keys
+            .iter()
+            .filter_map(|(k, _)| {
+                let key = String::from_utf8_lossy(k);
+                key.split_once('/').map(|(_, id)| id.to_string())
+            })
+            .collect();
+        Ok(self
+            .get_commands(&ids)?
+            .into_iter()
+            .flatten()
+            .filter(|c| !c.state().is_terminal())
+            .collect())
     }
 
     /// Newest first, stopping at commands created before `since_ms`.

@@ -64,6 +64,7 @@ fn pg(e: tokio_postgres::Error) -> StoreError {
 struct Conn {
     client: Client,
     get: Statement,
+    get_many: Statement,
     put: Statement,
     delete: Statement,
     cas_insert: Statement,
@@ -136,6 +137,7 @@ impl Conn {
         }
         Ok(Conn {
             get: p("SELECT v FROM byom_kv WHERE space = $1 AND k = $2").await?,
+            get_many: p("SELECT k, v FROM byom_kv WHERE space = $1 AND k = ANY($2)").await?,
             put: p("INSERT INTO byom_kv (space, k, v) VALUES ($1, $2, $3)
                     ON CONFLICT (space, k) DO UPDATE SET v = EXCLUDED.v")
             .await?,
@@ -423,6 +425,21 @@ impl Backend for PgBackend {
                 .map_err(pg)?;
             Ok(row.map(|r| r.get(0)))
         })
+    }
+    fn get_many(&self, space: Space, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted = keys.to_vec();
+        let found: HashMap<Vec<u8>, Vec<u8>> = self.run(move |c| async move {
+            let rows = c
+                .client
+                .query(&c.get_many, &[&space.name(), &wanted])
+                .await
+                .map_err(pg)?;
+            Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+        })?;
+        Ok(keys.iter().map(|k| found.get(k).cloned()).collect())
     }
     fn put(&self, space: Space, key: &[u8], value: &[u8]) -> Result<()> {
         let (key, value) = (key.to_vec(), value.to_vec());

@@ -698,7 +698,7 @@ fn postgres_answers_as_sled_does() {
         let space = *fastrand::choice(&spaces).unwrap();
         let k = key();
         let v = vec![fastrand::u8(..); fastrand::usize(0..3)];
-        let what = fastrand::u8(0..8);
+        let what = fastrand::u8(0..9);
         let mut dbg = String::new();
         let bound = |k: Vec<u8>| -> Bound<Vec<u8>> {
             match fastrand::u8(0..3) {
@@ -782,6 +782,16 @@ fn postgres_answers_as_sled_does() {
                 (
                     format!("{:?}", sled.batch_if(&guard, &ops)),
                     format!("{:?}", pg.batch_if(&guard, &ops)),
+                )
+            }
+            8 => {
+                // Some present, some not, some twice.
+                let mut keys: Vec<Vec<u8>> = (0..fastrand::usize(0..4)).map(|_| key()).collect();
+                keys.push(k.clone());
+                keys.push(k.clone());
+                (
+                    format!("{:?}", sled.get_many(space, &keys)),
+                    format!("{:?}", pg.get_many(space, &keys)),
                 )
             }
             _ => {
