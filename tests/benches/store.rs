@@ -15,7 +15,9 @@
 //!     (the API's own round trip, a durable write, a QUIC stream's round
 //!     trip, capturing a spawn's output) and, during the sled run, the CPU
 //!     each command costs the server, the daemons, `true` itself and the
-//!     client, which caps commands/s at cores / (their sum).
+//!     client, which caps commands/s at cores / (their sum); during the
+//!     one-replica PostgreSQL run, what each command costs the replica and
+//!     the database (its postmaster and backends).
 //!
 //! Figures only mean something relative to each other in the same run.
 //! BENCH_N round trips (default 300), BENCH_COMMANDS commands (default
