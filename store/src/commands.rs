@@ -15,37 +15,9 @@ fn pending_key(machine: &str, cmd: &str) -> Vec<u8> {
     format!("{machine}/{cmd}").into_bytes()
 }
 
-/// The encoded records this process last wrote of unfinished commands (see
-/// `Store::recent`), bounded in count and size: a miss only costs a read.
-#[derive(Default)]
-pub(crate) struct Recent(std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>);
-
-impl Recent {
-    /// Commands remembered at most; past it, the memory starts over.
-    const MAX_ENTRIES: usize = 4096;
-    /// Larger records (a big stdin) are not remembered.
-    const MAX_RECORD_BYTES: usize = 4096;
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Vec<u8>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn wrote(&self, id: &str, c: &pb::Command, bytes: &[u8]) {
-        let mut m = self.lock();
-        if c.state().is_terminal() || bytes.len() > Self::MAX_RECORD_BYTES {
-            m.remove(id);
-            return;
-        }
-        if m.len() >= Self::MAX_ENTRIES && !m.contains_key(id) {
-            m.clear();
-        }
-        m.insert(id.to_string(), bytes.to_vec());
-    }
-
-    fn take(&self, id: &str) -> Option<Vec<u8>> {
-        self.lock().remove(id)
-    }
-}
+/// Larger records (a big stdin) are not remembered as the guess for a
+/// command's next update (`Store::recent`).
+const MAX_REMEMBERED_RECORD_BYTES: usize = 4096;
 
 impl Store {
     /// The record and its queue entry appear together (a dispatcher that
@@ -75,8 +47,17 @@ impl Store {
             *n += 1;
         }
         drop(counts);
-        self.recent.wrote(&c.id, c, &bytes);
+        self.remember(&c.id, c, &bytes);
         Ok(())
+    }
+
+    /// What this process last wrote of an unfinished command.
+    fn remember(&self, id: &str, c: &pb::Command, bytes: &[u8]) {
+        if c.state().is_terminal() || bytes.len() > MAX_REMEMBERED_RECORD_BYTES {
+            self.recent.take(id);
+        } else {
+            self.recent.set(id, bytes.to_vec());
+        }
     }
 
     fn lock_counts(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
@@ -191,7 +172,7 @@ impl Store {
                         Some(&new),
                     )?;
                     if done {
-                        self.recent.wrote(id, c, &new);
+                        self.remember(id, c, &new);
                     }
                     done
                 };

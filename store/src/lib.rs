@@ -98,10 +98,46 @@ pub struct Store {
     /// What this process last wrote of unfinished commands: the expected
     /// old value of their next update, which then needs no read when no
     /// one else wrote since. Never read as the record itself.
-    recent: Arc<commands::Recent>,
+    recent: Arc<Memo<Vec<u8>>>,
     /// Machine name → the ID it last resolved to: a lookup then reads only
     /// the machine's record, which says whether the name still is its own.
-    names: Arc<machines::Names>,
+    names: Arc<Memo<String>>,
+}
+
+/// A small memory keyed by ID, bounded in count (past it, it starts over):
+/// a miss only costs a read, and nothing in it is trusted without a check.
+pub(crate) struct Memo<V>(std::sync::Mutex<std::collections::HashMap<String, V>>);
+
+impl<V> Default for Memo<V> {
+    fn default() -> Self {
+        Memo(Default::default())
+    }
+}
+
+impl<V: Clone> Memo<V> {
+    /// Entries kept at most.
+    const MAX_ENTRIES: usize = 4096;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, V>> {
+        // A map of plain values: a panic elsewhere leaves it usable.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<V> {
+        self.lock().get(key).cloned()
+    }
+
+    pub(crate) fn set(&self, key: &str, v: V) {
+        let mut m = self.lock();
+        if m.len() >= Self::MAX_ENTRIES && !m.contains_key(key) {
+            m.clear();
+        }
+        m.insert(key.to_string(), v);
+    }
+
+    pub(crate) fn take(&self, key: &str) -> Option<V> {
+        self.lock().remove(key)
+    }
 }
 
 /// Group commit's bookkeeping: flushes are numbered as they start; `done`

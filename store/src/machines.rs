@@ -6,32 +6,6 @@ use prost::Message;
 use crate::backend::Space;
 use crate::{Result, Store, StoreError, MAX_LIST};
 
-/// Machine names and the IDs they last resolved to, bounded: a miss only
-/// costs a read. Never trusted alone: the machine's own record confirms it.
-#[derive(Default)]
-pub(crate) struct Names(std::sync::Mutex<std::collections::HashMap<String, String>>);
-
-impl Names {
-    /// Names remembered at most; past it, the memory starts over.
-    const MAX_ENTRIES: usize = 4096;
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn get(&self, name: &str) -> Option<String> {
-        self.lock().get(name).cloned()
-    }
-
-    fn set(&self, name: &str, id: &str) {
-        let mut m = self.lock();
-        if m.len() >= Self::MAX_ENTRIES && !m.contains_key(name) {
-            m.clear();
-        }
-        m.insert(name.to_string(), id.to_string());
-    }
-}
-
 impl Store {
     /// Stores a new machine, making its name unique by adding `-2`, `-3`, ….
     pub fn create_machine(&self, m: &mut pb::Machine) -> Result<()> {
@@ -87,7 +61,7 @@ impl Store {
                 let id = String::from_utf8_lossy(&id);
                 let m = self.get_machine(&id)?;
                 if m.as_ref().is_some_and(|m| m.name == id_or_name) {
-                    self.names.set(id_or_name, &id);
+                    self.names.set(id_or_name, id.into_owned());
                 }
                 Ok(m)
             }

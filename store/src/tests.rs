@@ -19,7 +19,21 @@ enum Fixture {
 impl Fixture {
     fn open(&self) -> Store {
         match self {
-            Fixture::Sled(d) => Store::open_sled(d.path()).unwrap(),
+            // A store just dropped may still hold sled's lock for a moment
+            // (its flusher thread ends on its own time).
+            Fixture::Sled(d) => {
+                let mut tries = 0;
+                loop {
+                    match Store::open_sled(d.path()) {
+                        Ok(s) => break s,
+                        Err(e) if tries < 50 && e.to_string().contains("another") => {
+                            tries += 1;
+                            std::thread::sleep(std::time::Duration::from_millis(100));
+                        }
+                        Err(e) => panic!("cannot reopen the sled store: {e}"),
+                    }
+                }
+            }
             Fixture::Postgres { url, .. } => Store::new(Arc::new(PgBackend::connect(url).unwrap())),
         }
     }
