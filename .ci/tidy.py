@@ -26,7 +26,8 @@ FORBIDDEN = {
                       "byom-sandbox", "byom-daemon"],
     "byom-wire": ["sled", "tonic", "wasmtime", "rcgen", "byom-store", "byom-agent",
                   "byom-api", "byom-server", "byom-sandbox"],
-    "byom-store": ["tonic", "quinn", "rustls", "hyper", "wasmtime", "byom-agent", "byom-api",
+    # rustls is allowed here only for the PostgreSQL connection (pg_tls.rs).
+    "byom-store": ["tonic", "quinn", "rcgen", "hyper", "wasmtime", "byom-agent", "byom-api",
                    "byom-server", "byom-sandbox", "byom-wire"],
     "byom-agent": ["tokio", "sled", "tonic", "quinn", "hyper", "wasmtime", "rustls",
                    "byom-wire", "byom-store", "byom-api", "byom-server", "byom-sandbox",

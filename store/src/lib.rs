@@ -9,9 +9,10 @@
 //! triggers, policies, connectors and the outbox) without knowing which
 //! backend it has. Records are the protobuf messages of the API.
 //!
-//! It must never know about agents, gRPC, QUIC, TLS or wasmtime: the
-//! agents' state is opaque bytes under keys their own crate lays out
-//! ([`Store::scan_prefix`], [`Store::batch`]).
+//! It must never know about agents, gRPC, QUIC, byom's own certificates
+//! (the only TLS here is the PostgreSQL connection's, as its URL asks) or
+//! wasmtime: the agents' state is opaque bytes under keys their own crate
+//! lays out ([`Store::scan_prefix`], [`Store::batch`]).
 //!
 //! Invariant: every command state change goes through
 //! [`Store::update_command`], which checks the transition against
@@ -29,6 +30,7 @@ mod idempotency;
 mod machines;
 mod outbox;
 mod pg_backend;
+mod pg_tls;
 mod sled_backend;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -53,6 +55,9 @@ pub use sled_backend::SledBackend;
 pub enum StoreError {
     #[error("store I/O failed: {0} (is the disk full or the data dir read-only?)")]
     Io(String),
+    /// The shared database refused, failed or could not be reached.
+    #[error("{0}")]
+    Database(String),
     #[error("stored record {0} is corrupt: {1}")]
     Corrupt(String, String),
     #[error("{0} not found")]

@@ -23,9 +23,10 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 use crate::backend::{Backend, Guard, Kv, Op, Space};
+use crate::pg_tls::{self, Target};
 use crate::{Result, StoreError};
 
 /// Connections per server.
@@ -55,8 +56,18 @@ const MIGRATION_LOCK: i64 = 0x6279_6f6d_5f6d_6967;
 
 fn pg(e: tokio_postgres::Error) -> StoreError {
     match e.as_db_error() {
-        Some(db) => StoreError::Io(format!("PostgreSQL: {}", db.message())),
-        None => StoreError::Io(format!("PostgreSQL: {e}")),
+        Some(db) => StoreError::Database(format!("PostgreSQL: {}", db.message())),
+        None => {
+            // The cause (a refused certificate, an unreachable host) is
+            // in the sources.
+            let mut msg = format!("PostgreSQL: {e}");
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                msg.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            StoreError::Database(msg)
+        }
     }
 }
 
@@ -104,8 +115,8 @@ const BATCH_IF_SQL: &str = "WITH g AS (
     SELECT count(*) FROM g";
 
 impl Conn {
-    async fn open(url: &str) -> Result<Conn> {
-        let (client, connection) = connect(url).await?;
+    async fn open(target: &Target) -> Result<Conn> {
+        let (client, connection) = connect(target).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::warn!("PostgreSQL connection ended: {e}");
@@ -178,7 +189,8 @@ async fn durable_commits(client: &Client) -> Result<()> {
 }
 
 pub struct PgBackend {
-    url: Arc<str>,
+    /// Where the database is and how to reach it, for reconnecting.
+    target: Arc<Target>,
     /// The connections' own runtime: the trait is blocking, and a caller
     /// on any runtime (or none) can wait for it.
     rt: Option<tokio::runtime::Runtime>,
@@ -204,21 +216,26 @@ impl PgBackend {
             .thread_name("byom-postgres")
             .enable_all()
             .build()
-            .map_err(|e| StoreError::Io(format!("cannot start the PostgreSQL runtime: {e}")))?;
-        let url: Arc<str> = url.into();
-        let u = url.clone();
+            .map_err(|e| {
+                StoreError::Database(format!("cannot start the PostgreSQL runtime: {e}"))
+            })?;
+        let target = Arc::new(pg_tls::parse(url)?);
+        if let Some(risk) = target.risk() {
+            tracing::warn!("{risk}");
+        }
+        let t = target.clone();
         let pool = wait(rt.handle(), async move {
-            migrate(&u).await?;
+            migrate(&t).await?;
             let mut pool = Vec::new();
             for _ in 0..POOL_SIZE {
-                pool.push(tokio::sync::RwLock::new(Arc::new(Conn::open(&u).await?)));
+                pool.push(tokio::sync::RwLock::new(Arc::new(Conn::open(&t).await?)));
             }
             Ok(pool)
         })?;
         let (notices, _) = tokio::sync::broadcast::channel(NOTICE_BUFFER);
-        rt.spawn(listen(url.clone(), notices.clone()));
+        rt.spawn(listen(target.clone(), notices.clone()));
         Ok(PgBackend {
-            url,
+            target,
             rt: Some(rt),
             pool: Arc::new(pool),
             next: AtomicUsize::new(0),
@@ -235,9 +252,11 @@ impl PgBackend {
         Fut: std::future::Future<Output = Result<T>> + Send,
     {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
-        let (pool, url) = (self.pool.clone(), self.url.clone());
+        let (pool, target) = (self.pool.clone(), self.target.clone());
         let Some(rt) = &self.rt else {
-            return Err(StoreError::Io("the PostgreSQL store is closed".into()));
+            return Err(StoreError::Database(
+                "the PostgreSQL store is closed".into(),
+            ));
         };
         wait(rt.handle(), async move {
             let slot = &pool[i];
@@ -245,7 +264,7 @@ impl PgBackend {
             let conn = if c.client.is_closed() {
                 let mut w = slot.write().await;
                 if w.client.is_closed() {
-                    *w = Arc::new(Conn::open(&url).await?);
+                    *w = Arc::new(Conn::open(&target).await?);
                 }
                 w.clone()
             } else {
@@ -276,8 +295,11 @@ fn wait<T: Send + 'static>(
         let _ = tx.send(fut.await);
     });
     let recv = || {
-        rx.recv()
-            .unwrap_or_else(|_| Err(StoreError::Io("the PostgreSQL store is closed".into())))
+        rx.recv().unwrap_or_else(|_| {
+            Err(StoreError::Database(
+                "the PostgreSQL store is closed".into(),
+            ))
+        })
     };
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
@@ -292,27 +314,25 @@ fn wait<T: Send + 'static>(
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn connect(
-    url: &str,
+    target: &Target,
 ) -> Result<(
     Client,
-    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+    tokio_postgres::Connection<tokio_postgres::Socket, pg_tls::PgTls<tokio_postgres::Socket>>,
 )> {
-    let mut cfg: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e| StoreError::Io(format!("not a PostgreSQL URL: {e}")))?;
+    let mut cfg = target.config.clone();
     if cfg.get_connect_timeout().is_none() {
         cfg.connect_timeout(CONNECT_TIMEOUT);
     }
-    cfg.connect(NoTls).await.map_err(pg)
+    cfg.connect(target.tls.clone()).await.map_err(pg)
 }
 
 /// Hears every replica's notices, for as long as the backend lives:
 /// reconnects after a lost connection, and then says `*` (some may have
 /// been missed).
-async fn listen(url: Arc<str>, tx: tokio::sync::broadcast::Sender<String>) {
+async fn listen(target: Arc<Target>, tx: tokio::sync::broadcast::Sender<String>) {
     use futures_util::StreamExt;
     loop {
-        match connect(&url).await {
+        match connect(&target).await {
             Ok((client, mut connection)) => {
                 let notes = tx.clone();
                 let driver = tokio::spawn(async move {
@@ -347,8 +367,8 @@ async fn listen(url: Arc<str>, tx: tokio::sync::broadcast::Sender<String>) {
 
 /// Brings the schema to [`SCHEMA_VERSION`], one step per transaction,
 /// under a lock so replicas starting together migrate once.
-async fn migrate(url: &str) -> Result<()> {
-    let (mut client, connection) = connect(url).await?;
+async fn migrate(target: &Target) -> Result<()> {
+    let (mut client, connection) = connect(target).await?;
     let driver = tokio::spawn(connection);
     let r = async {
         client
@@ -370,7 +390,7 @@ async fn migrate(url: &str) -> Result<()> {
             .map_err(pg)?
             .map_or(0, |r| r.get(0));
         if found > SCHEMA_VERSION {
-            return Err(StoreError::Io(format!(
+            return Err(StoreError::Database(format!(
                 "the store's schema is version {found}, newer than this byom knows \
                  ({SCHEMA_VERSION}): run the newer byom, or upgrade this one"
             )));

@@ -1,6 +1,12 @@
 //! A private PostgreSQL cluster for tests and benchmarks: `initdb` in a
 //! temp dir, the server on a free loopback port, stopped on drop.
 //!
+//! It serves TLS with a certificate for `localhost` from a CA of its own
+//! ([`PgCluster::ca_file`]); database `tlsonly` refuses plain connections
+//! and database `scram` takes only TLS with a SCRAM password (role
+//! `scrammer`, password [`SCRAM_PASSWORD`]), so clients' TLS can be
+//! tested against a real server.
+//!
 //! PostgreSQL refuses to run as root, and tests here often do: as root the
 //! cluster runs as `nobody`. Its binaries come from `PATH` or Debian's
 //! `/usr/lib/postgresql/<version>/bin`.
@@ -11,6 +17,20 @@ use std::time::{Duration, Instant};
 
 /// How long the cluster may take to start.
 const START_WITHIN: Duration = Duration::from_secs(60);
+
+/// Role `scrammer`'s password (database `scram`).
+pub const SCRAM_PASSWORD: &str = "correct-horse";
+
+/// Who may connect how: plain connections to `tlsonly` and `scram` are
+/// refused, `scram` wants a password; the rest is trusted.
+const HBA: &str = "\
+local all all trust
+hostnossl tlsonly all all reject
+hostnossl scram all all reject
+hostssl scram all all scram-sha-256
+host all all 127.0.0.1/32 trust
+host all all ::1/128 trust
+";
 
 pub struct PgCluster {
     /// Removed on drop when the cluster made it.
@@ -117,7 +137,9 @@ impl PgCluster {
             .arg(dir)
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", &format!("fsync={}", if fsync { "on" } else { "off" })])
-            .args(["-c", "max_connections=200"]);
+            .args(["-c", "max_connections=200"])
+            .args(["-c", "ssl=on", "-c", "ssl_cert_file=server.crt"])
+            .args(["-c", "ssl_key_file=server.key"]);
         // More settings for a look inside, e.g. `log_statement=all`.
         for setting in std::env::var("BYOM_TEST_PG_SETTINGS")
             .unwrap_or_default()
@@ -193,11 +215,64 @@ impl PgCluster {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        // Relative paths in the settings are the data directory's.
+        let (ca, cert, key) = server_certificate();
+        std::fs::write(dir.join("ca.pem"), ca).expect("write ca.pem");
+        for (name, body) in [
+            ("server.crt", cert.as_str()),
+            ("server.key", &key),
+            ("pg_hba.conf", HBA),
+        ] {
+            let p = data.join(name);
+            std::fs::write(&p, body).expect("write the cluster's TLS files");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            if let Some((uid, gid)) = user {
+                std::os::unix::fs::chown(&p, Some(uid), Some(gid)).expect("chown");
+            }
+        }
+    }
+
+    /// The PEM file of the CA that signed the cluster's certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// Runs `sql` as the cluster's superuser, in database `postgres`.
+    pub fn admin(&self, sql: &str) {
+        let admin = format!(
+            "postgres://byom@127.0.0.1:{}/postgres?sslmode=disable",
+            self.port
+        );
+        let sql = sql.to_string();
+        // On a thread of its own: the caller may be inside a runtime.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+                        .await
+                        .expect("connect to the test cluster");
+                    tokio::spawn(conn);
+                    client.batch_execute(&sql).await.expect("admin statement");
+                })
+            })
+            .join()
+            .expect("run an admin statement");
+        });
     }
 
     /// What PostgreSQL logged, for a failing test's message.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    /// The directory of the cluster's local socket.
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
     }
 
     pub fn port(&self) -> u16 {
@@ -252,6 +327,23 @@ impl PgCluster {
         }
         let _ = self.server.wait();
     }
+}
+
+/// A CA, and a certificate for `localhost` it signed with its key: (CA
+/// PEM, certificate PEM, key PEM).
+fn server_certificate() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "byom test PostgreSQL CA");
+    let ca_key = KeyPair::generate().expect("CA key");
+    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+    let issuer = Issuer::new(ca, ca_key);
+    let params = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+    let key = KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, &issuer).expect("certificate");
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
 }
 
 impl Drop for PgCluster {

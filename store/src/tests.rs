@@ -952,3 +952,71 @@ fn an_unreachable_or_malformed_database_is_a_clear_error() {
         .unwrap();
     assert!(e.to_string().contains("not a PostgreSQL URL"), "{e}");
 }
+
+#[test]
+fn postgres_over_tls_checks_the_server_as_libpq_does() {
+    let cluster = crate::testing::PgCluster::start();
+    cluster.url("tlsonly");
+    let port = cluster.port();
+    let ca = cluster.ca_file();
+    let ca = ca.display();
+    let at = |host: &str, q: &str| format!("postgres://byom@{host}:{port}/tlsonly?{q}");
+    let fails = |url: String, says: &str| {
+        let e = PgBackend::connect(&url).err().expect("refused").to_string();
+        eprintln!("{url}: {e}");
+        assert!(e.contains(says), "{url}: {e}");
+    };
+    // The CA and the name checked; `tlsonly` refuses plain connections,
+    // so this one is encrypted.
+    let pg = PgBackend::connect(&at(
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    ))
+    .unwrap();
+    pg.put(Space::Tokens, b"k", b"over TLS").unwrap();
+    assert_eq!(pg.get(Space::Tokens, b"k").unwrap().unwrap(), b"over TLS");
+    drop(pg);
+    // The default (prefer) encrypts where the server offers it.
+    PgBackend::connect(&at("127.0.0.1", "")).unwrap();
+    PgBackend::connect(&at("127.0.0.1", "sslmode=require")).unwrap();
+    fails(at("127.0.0.1", "sslmode=disable"), "rejects connection");
+    // A local socket has no TLS, and needs none.
+    let socket = cluster
+        .socket_dir()
+        .display()
+        .to_string()
+        .replace('/', "%2F");
+    PgBackend::connect(&format!("postgres://byom@{socket}:{port}/tlsonly")).unwrap();
+    // The certificate names localhost, not the address: verify-full
+    // refuses it, verify-ca (the CA only) takes it.
+    fails(
+        at(
+            "127.0.0.1",
+            &format!("sslmode=verify-full&sslrootcert={ca}"),
+        ),
+        "certificate",
+    );
+    PgBackend::connect(&at(
+        "127.0.0.1",
+        &format!("sslmode=verify-ca&sslrootcert={ca}"),
+    ))
+    .unwrap();
+    // A CA that did not sign it: the public ones.
+    fails(at("localhost", "sslrootcert=system"), "certificate");
+
+    // A password login binds itself to this TLS session (SCRAM-PLUS):
+    // `channel_binding=require` fails without it.
+    cluster.admin(&format!(
+        "CREATE ROLE scrammer LOGIN PASSWORD '{}'",
+        crate::testing::SCRAM_PASSWORD
+    ));
+    cluster.admin("CREATE DATABASE scram OWNER scrammer");
+    let url = format!(
+        "postgres://scrammer:{}@localhost:{port}/scram?sslmode=verify-full&sslrootcert={ca}&channel_binding=require",
+        crate::testing::SCRAM_PASSWORD
+    );
+    let pg = PgBackend::connect(&url).unwrap();
+    pg.put(Space::Tokens, b"k", b"bound").unwrap();
+    assert_eq!(pg.get(Space::Tokens, b"k").unwrap().unwrap(), b"bound");
+    fails(url.replace("correct-horse", "wrong"), "password");
+}

@@ -140,7 +140,14 @@ impl SharedStore {
                 c
             }
         };
-        let url = cluster.url("byom");
+        // As production should: encrypted, the database's certificate
+        // checked against its CA and name.
+        cluster.url("byom");
+        let url = format!(
+            "postgres://byom@localhost:{}/byom?sslmode=verify-full&sslrootcert={}",
+            cluster.port(),
+            cluster.ca_file().display()
+        );
         SharedStore {
             cluster,
             url,

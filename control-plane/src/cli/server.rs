@@ -43,7 +43,9 @@ pub struct ServerArgs {
     pub dist: Option<PathBuf>,
     /// The store: leave it out for the embedded one in the data dir, or
     /// `postgres://USER@HOST/DB` for one several replicas share (the
-    /// data dir then holds nothing the server needs).
+    /// data dir then holds nothing the server needs). TLS as libpq reads
+    /// it: add `?sslmode=verify-full&sslrootcert=CA.pem` to check the
+    /// database's certificate.
     #[arg(long, env = "BYOM_STORE")]
     pub store: Option<String>,
     /// With a shared store: the key its secrets (CA, server and webhook
