@@ -240,12 +240,24 @@ impl PgCluster {
 
     /// Runs `sql` as the cluster's superuser, in database `postgres`.
     pub fn admin(&self, sql: &str) {
+        let sql = sql.to_string();
+        self.as_superuser(|client| async move {
+            client.batch_execute(&sql).await.expect("admin statement");
+        });
+    }
+
+    /// Runs `f` with a superuser's client of database `postgres`, on a
+    /// thread of its own (the caller may be inside a runtime).
+    fn as_superuser<T, F, Fut>(&self, f: F) -> T
+    where
+        T: Send,
+        F: FnOnce(tokio_postgres::Client) -> Fut + Send,
+        Fut: std::future::Future<Output = T>,
+    {
         let admin = format!(
             "postgres://byom@127.0.0.1:{}/postgres?sslmode=disable",
             self.port
         );
-        let sql = sql.to_string();
-        // On a thread of its own: the caller may be inside a runtime.
         std::thread::scope(|s| {
             s.spawn(|| {
                 let rt = tokio::runtime::Builder::new_current_thread()
@@ -257,12 +269,12 @@ impl PgCluster {
                         .await
                         .expect("connect to the test cluster");
                     tokio::spawn(conn);
-                    client.batch_execute(&sql).await.expect("admin statement");
+                    f(client).await
                 })
             })
             .join()
-            .expect("run an admin statement");
-        });
+            .expect("a superuser's statement")
+        })
     }
 
     /// What PostgreSQL logged, for a failing test's message.
@@ -287,34 +299,18 @@ impl PgCluster {
     /// The URL of database `db`, created if it does not exist.
     pub fn url(&self, db: &str) -> String {
         let url = format!("postgres://byom@127.0.0.1:{}/{db}", self.port);
-        let admin = format!("postgres://byom@127.0.0.1:{}/postgres", self.port);
         let db = db.to_string();
-        // On a thread of its own: the caller may be inside a runtime.
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
-                rt.block_on(async {
-                    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-                        .await
-                        .expect("connect to the test cluster");
-                    tokio::spawn(conn);
-                    let exists = client
-                        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
-                        .await
-                        .expect("query");
-                    if exists.is_none() {
-                        client
-                            .batch_execute(&format!("CREATE DATABASE \"{db}\""))
-                            .await
-                            .expect("create database");
-                    }
-                })
-            })
-            .join()
-            .expect("create the database");
+        self.as_superuser(|client| async move {
+            let exists = client
+                .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
+                .await
+                .expect("query");
+            if exists.is_none() {
+                client
+                    .batch_execute(&format!("CREATE DATABASE \"{db}\""))
+                    .await
+                    .expect("create database");
+            }
         });
         url
     }
