@@ -98,7 +98,18 @@ pub(crate) fn parse(url: &str) -> Result<Target> {
         _ => "sslmode=require",
     });
     let rebuilt = format!("{base}?{}", rest.join("&"));
-    let config: tokio_postgres::Config = rebuilt.parse().map_err(bad)?;
+    let mut config: tokio_postgres::Config = rebuilt.parse().map_err(bad)?;
+    // As libpq: TLS is never asked for over a local socket (PostgreSQL
+    // would refuse it), whatever sslmode says.
+    let hosts = config.get_hosts();
+    if !hosts.is_empty()
+        && config.get_hostaddrs().is_empty()
+        && hosts
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)))
+    {
+        config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
         Mode::Disable | Mode::Prefer | Mode::Require => Arc::new(Lenient {

@@ -987,6 +987,10 @@ fn postgres_over_tls_checks_the_server_as_libpq_does() {
         .to_string()
         .replace('/', "%2F");
     PgBackend::connect(&format!("postgres://byom@{socket}:{port}/tlsonly")).unwrap();
+    PgBackend::connect(&format!(
+        "postgres://byom@{socket}:{port}/tlsonly?sslmode=verify-full&sslrootcert={ca}"
+    ))
+    .unwrap();
     // The certificate names localhost, not the address: verify-full
     // refuses it, verify-ca (the CA only) takes it.
     fails(
