@@ -55,9 +55,13 @@ pub use sled_backend::SledBackend;
 pub enum StoreError {
     #[error("store I/O failed: {0} (is the disk full or the data dir read-only?)")]
     Io(String),
-    /// The shared database refused, failed or could not be reached.
+    /// The shared database refused or failed.
     #[error("{0}")]
     Database(String),
+    /// The shared database cannot be reached now (down, restarting,
+    /// failing over): the same call may succeed in a moment.
+    #[error("{0} (the database cannot be reached now)")]
+    Unreachable(String),
     #[error("stored record {0} is corrupt: {1}")]
     Corrupt(String, String),
     #[error("{0} not found")]

@@ -55,19 +55,43 @@ const MIGRATIONS: [&str; 1] = [
 const MIGRATION_LOCK: i64 = 0x6279_6f6d_5f6d_6967;
 
 fn pg(e: tokio_postgres::Error) -> StoreError {
-    match e.as_db_error() {
-        Some(db) => StoreError::Database(format!("PostgreSQL: {}", db.message())),
-        None => {
-            // The cause (a refused certificate, an unreachable host) is
-            // in the sources.
-            let mut msg = format!("PostgreSQL: {e}");
-            let mut cause = std::error::Error::source(&e);
-            while let Some(c) = cause {
-                msg.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
+    if let Some(db) = e.as_db_error() {
+        let msg = format!("PostgreSQL: {}", db.message());
+        // Connection exceptions, and a server shutting down, starting up
+        // or out of connections: a moment later it may answer.
+        let code = db.code().code();
+        return if code.starts_with("08") || code.starts_with("57P") || code == "53300" {
+            StoreError::Unreachable(msg)
+        } else {
             StoreError::Database(msg)
+        };
+    }
+    // The cause (a refused certificate, an unreachable host) is in the
+    // sources.
+    let mut msg = format!("PostgreSQL: {e}");
+    let mut lost = e.is_closed();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        msg.push_str(&format!(": {c}"));
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            lost |= matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | NotConnected
+                    | BrokenPipe
+                    | TimedOut
+                    | UnexpectedEof
+            );
         }
+        cause = c.source();
+    }
+    if lost {
+        StoreError::Unreachable(msg)
+    } else {
+        StoreError::Database(msg)
     }
 }
 

@@ -37,7 +37,10 @@ pub struct PgCluster {
     _temp: Option<tempfile::TempDir>,
     dir: PathBuf,
     port: u16,
-    server: Child,
+    fsync: bool,
+    /// The postmaster (in a lock: a test may restart it on a shared
+    /// cluster).
+    server: std::sync::Mutex<Child>,
 }
 
 /// The directory holding `initdb` and `postgres`, if PostgreSQL is here.
@@ -122,6 +125,20 @@ impl PgCluster {
             Self::init(&bin, dir, &data, user);
         }
         let port = free_port();
+        let server = Self::postgres(&bin, dir, port, fsync, user);
+        PgCluster {
+            _temp: None,
+            dir: dir.to_path_buf(),
+            port,
+            fsync,
+            server: std::sync::Mutex::new(server),
+        }
+    }
+
+    /// Starts the postmaster on the cluster in `dir` and waits until it
+    /// takes connections.
+    fn postgres(bin: &Path, dir: &Path, port: u16, fsync: bool, user: Option<(u32, u32)>) -> Child {
+        let data = dir.join("data");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -130,7 +147,7 @@ impl PgCluster {
         if let Some((uid, gid)) = user {
             std::os::unix::fs::chown(dir.join("log"), Some(uid), Some(gid)).expect("chown");
         }
-        let mut cmd = command(&bin, "postgres", user);
+        let mut cmd = command(bin, "postgres", user);
         cmd.arg("-D")
             .arg(&data)
             .args(["-p", &port.to_string(), "-k"])
@@ -166,26 +183,20 @@ impl PgCluster {
             .unwrap_or_default()
             .matches("ready to accept connections")
             .count();
-        let server = cmd.spawn().expect("start postgres");
-        let mut c = PgCluster {
-            _temp: None,
-            dir: dir.to_path_buf(),
-            port,
-            server,
-        };
+        let mut server = cmd.spawn().expect("start postgres");
         let t = Instant::now();
         loop {
             let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
             if log.matches("ready to accept connections").count() > ready_before {
                 break;
             }
-            if let Ok(Some(status)) = c.server.try_wait() {
+            if let Ok(Some(status)) = server.try_wait() {
                 panic!("postgres exited ({status}) at start: {log}");
             }
             assert!(t.elapsed() < START_WITHIN, "postgres did not start: {log}");
             std::thread::sleep(Duration::from_millis(20));
         }
-        c
+        server
     }
 
     fn init(bin: &Path, dir: &Path, data: &Path, user: Option<(u32, u32)>) {
@@ -293,7 +304,7 @@ impl PgCluster {
 
     /// The postmaster's process ID (its backends are its children).
     pub fn pid(&self) -> u32 {
-        self.server.id()
+        self.server.lock().unwrap_or_else(|p| p.into_inner()).id()
     }
 
     /// The URL of database `db`, created if it does not exist.
@@ -316,12 +327,23 @@ impl PgCluster {
     }
 
     /// Stops the cluster now (as a crash would: immediate shutdown).
-    pub fn kill(&mut self) {
+    pub fn kill(&self) {
+        let mut server = self.server.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: a plain signal to our own child.
         unsafe {
-            libc::kill(self.server.id() as i32, libc::SIGQUIT);
+            libc::kill(server.id() as i32, libc::SIGQUIT);
         }
-        let _ = self.server.wait();
+        let _ = server.wait();
+    }
+
+    /// Starts the cluster again after [`kill`](Self::kill), on the same
+    /// port and data, as a database back from a crash or a failover.
+    /// The postmaster dies with the thread that calls this (its parent
+    /// death signal), so call it from the test's own thread.
+    pub fn restart(&self) {
+        let mut server = self.server.lock().unwrap_or_else(|p| p.into_inner());
+        let bin = pg_bin_dir().expect("PostgreSQL is installed");
+        *server = Self::postgres(&bin, &self.dir, self.port, self.fsync, run_as());
     }
 }
 
@@ -344,19 +366,20 @@ fn server_certificate() -> (String, String, String) {
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
+        let server = self.server.get_mut().unwrap_or_else(|p| p.into_inner());
         // Fast shutdown: abort sessions, stop cleanly.
         // SAFETY: a plain signal to our own child.
         unsafe {
-            libc::kill(self.server.id() as i32, libc::SIGINT);
+            libc::kill(server.id() as i32, libc::SIGINT);
         }
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.server.try_wait() {
+            if let Ok(Some(_)) = server.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.server.kill();
-        let _ = self.server.wait();
+        let _ = server.kill();
+        let _ = server.wait();
     }
 }

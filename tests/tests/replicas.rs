@@ -315,3 +315,39 @@ fn a_paused_lease_holder_is_fenced_and_stands_down() {
     let r2 = s[other].replies("t3");
     assert_eq!(r.len(), r2.len(), "replies kept coming: {r2:?}");
 }
+
+#[test]
+fn calls_wait_out_a_database_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, s) = replicas(dir.path(), 1);
+    let a = &s[0];
+    let tok = a.token(&["--name", "lap"]);
+    let mut d = Daemon::new(dir.path(), "lap");
+    d.pair(&tok, "lap");
+    d.start();
+    a.wait_online("lap", true, T);
+
+    // The database goes down (a crash, a failover) and is back in 3 s: a
+    // call made meanwhile is answered "unavailable", sent again by the
+    // CLI, and runs once the database is back.
+    store.cluster.kill();
+    let t = Instant::now();
+    let out = std::thread::scope(|sc| {
+        let call = sc.spawn(|| a.byom(&["exec", "lap", "--", "sh", "-c", "echo back"]));
+        std::thread::sleep(Duration::from_secs(3));
+        store.cluster.restart();
+        call.join().expect("the call")
+    });
+    assert!(
+        out.status.success(),
+        "{} after {:?}; PostgreSQL said: {}",
+        stderr(&out),
+        t.elapsed(),
+        store.cluster.log()
+    );
+    assert_eq!(stdout(&out), "back\n");
+    assert!(t.elapsed() >= Duration::from_secs(3), "{:?}", t.elapsed());
+    // Nothing ran twice.
+    let list = a.json(&["commands", "ls"]);
+    assert_eq!(list.as_array().map(|l| l.len()), Some(1), "{list}");
+}

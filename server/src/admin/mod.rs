@@ -208,6 +208,9 @@ fn store_err(e: StoreError) -> Status {
         StoreError::NotFound(x) => Status::not_found(format!("{x} not found")),
         StoreError::Conflict(x) => Status::already_exists(x),
         StoreError::IllegalTransition { .. } => Status::failed_precondition(e.to_string()),
+        // Clients send the call again (with its idempotency key) until
+        // the database is back.
+        StoreError::Unreachable(_) => Status::unavailable(e.to_string()),
         other => Status::internal(other.to_string()),
     }
 }
