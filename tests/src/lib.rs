@@ -140,8 +140,9 @@ impl SharedStore {
                 c
             }
         };
-        // As production should: encrypted, the database's certificate
-        // checked against its CA and name.
+        // Creates database `byom`; it is reached as production should
+        // reach it: encrypted, its certificate checked against the CA and
+        // the name.
         cluster.url("byom");
         let url = format!(
             "postgres://byom@localhost:{}/byom?sslmode=verify-full&sslrootcert={}",
