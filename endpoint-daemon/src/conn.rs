@@ -46,6 +46,9 @@ pub struct RunStatus {
     pub since_ms: u64,
     pub server: String,
     pub last_error: String,
+    /// The sandbox commands get (`full`, `partial (…)`, `none (…)`).
+    #[serde(default)]
+    pub sandbox: String,
 }
 
 impl RunStatus {
@@ -57,6 +60,26 @@ impl RunStatus {
     }
 }
 
+/// The sandbox level last found, for `run.json`.
+static SANDBOX_LEVEL: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// The runner's sandbox level, remembered for `byomd status` and logged
+/// loudly when it changes and is not the whole sandbox.
+fn sandbox_level(runner: &Runner) -> String {
+    let level = runner.sandbox_level();
+    if let Ok(mut last) = SANDBOX_LEVEL.lock() {
+        if *last != level {
+            if level == "full" {
+                tracing::info!("sandbox: full");
+            } else {
+                tracing::warn!("sandbox: {level}; see `byomd doctor`");
+            }
+            *last = level.clone();
+        }
+    }
+    level
+}
+
 fn set_status(dir: &Path, state: &str, server: &str, err: &str) {
     let s = RunStatus {
         pid: std::process::id(),
@@ -64,6 +87,7 @@ fn set_status(dir: &Path, state: &str, server: &str, err: &str) {
         since_ms: crate::now_ms(),
         server: server.into(),
         last_error: err.into(),
+        sandbox: SANDBOX_LEVEL.lock().map(|l| l.clone()).unwrap_or_default(),
     };
     if let Ok(j) = serde_json::to_vec_pretty(&s) {
         // Owner-only, like everything else in the config dir.
@@ -272,6 +296,7 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
     tracing::info!(policy = %policy.path.display(), digest = %policy.digest, "local policy: {}", policy.summary());
     let runner = Arc::new(Runner::with_policy(policy));
     runner.set_draining(trial.is_some());
+    sandbox_level(&runner);
     let mut backoff = limits::RECONNECT_BACKOFF_MIN;
     // Which of the server's addresses to dial: the next one after a failure.
     let mut next = 0usize;
@@ -465,6 +490,7 @@ async fn hello(
         paused: runner.is_paused(),
         read_only: runner.read_only(),
         env_scrub: runner.env_scrub(),
+        sandbox: sandbox_level(runner),
     };
     write_frame(
         &mut ctl_send,
@@ -1106,11 +1132,15 @@ pub async fn doctor(dir: &Path) -> Vec<Check> {
         None => check("certificate", false, "unreadable: pair again".into()),
     }
     match crate::policy::Policy::load(dir) {
-        Ok(p) => check(
-            "policy",
-            true,
-            format!("{}: {}", p.path.display(), p.summary()),
-        ),
+        Ok(p) => {
+            check(
+                "policy",
+                true,
+                format!("{}: {}", p.path.display(), p.summary()),
+            );
+            let (ok, detail) = crate::sandbox::doctor(&p.file.sandbox);
+            check("sandbox", ok, detail);
+        }
         Err(e) => check(
             "policy",
             false,

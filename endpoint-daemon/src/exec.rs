@@ -11,18 +11,18 @@
 //! attached to, or refused, never run again.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use byom_protocol::limits;
 use byom_protocol::pb::{self, CommandState};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::now_ms;
 use crate::policy::{Decision, Policy};
-use crate::secrets::{Scrubber, Stream};
+
+mod process;
+use process::run_process;
 
 /// After cancel or timeout, SIGTERM first, then SIGKILL after this grace.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -134,7 +134,15 @@ pub struct Runner {
     /// Draining for an upgrade (or a trial daemon): reported as paused so
     /// the server sends nothing new.
     draining: std::sync::atomic::AtomicBool,
+    /// The OS sandbox commands run in (`None`: run raw, as unit tests do).
+    #[cfg(target_os = "linux")]
+    sandbox: Option<crate::sandbox::host::Host>,
 }
+
+#[cfg(target_os = "linux")]
+type SandboxSpec = crate::sandbox::Spec;
+#[cfg(not(target_os = "linux"))]
+type SandboxSpec = ();
 
 /// How a command will run, once the policy said yes.
 struct Plan {
@@ -154,6 +162,13 @@ struct Plan {
     #[cfg_attr(not(unix), allow(dead_code))]
     run_as: Option<crate::policy::RunAs>,
     config_dir: Option<std::path::PathBuf>,
+    /// The OS sandbox it runs in (argv, env and cwd filled at the start).
+    #[cfg(target_os = "linux")]
+    sandbox: Option<crate::sandbox::Spec>,
+    /// Whether it could reach the network (told to the server).
+    network: bool,
+    /// The sandbox it gets, as `byom commands show` says it.
+    sandbox_level: String,
 }
 
 impl Default for Runner {
@@ -173,13 +188,28 @@ impl Runner {
             policy: Mutex::new(None),
             config_dir: None,
             draining: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(target_os = "linux")]
+            sandbox: None,
         }
     }
 
     /// A runner that enforces `policy` on every command and resolves
     /// secrets from the config dir the policy lives in.
     pub fn with_policy(policy: Policy) -> Self {
+        Self::with_policy_and_helper(policy, crate::sandbox::default_helper())
+    }
+
+    /// As [`Runner::with_policy`], with the sandbox helper at `helper`
+    /// (byomd itself; tests point it at the built binary).
+    pub fn with_policy_and_helper(policy: Policy, helper: std::path::PathBuf) -> Self {
         let mut r = Self::new();
+        #[cfg(target_os = "linux")]
+        {
+            let dir = policy.path.parent().unwrap_or(std::path::Path::new("."));
+            r.sandbox = Some(crate::sandbox::host::Host::new(helper, dir));
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = helper;
         r.config_dir = policy.path.parent().map(|p| p.to_path_buf());
         if let Some(n) = policy.max_concurrency() {
             r.max_concurrency = n.min(limits::MAX_CONCURRENT_COMMANDS);
@@ -230,6 +260,19 @@ impl Runner {
         }
     }
 
+    /// The sandbox commands get here now: `full`, `partial (…)`, `none (…)`.
+    pub fn sandbox_level(&self) -> String {
+        let rules = match self.policy.lock().ok().and_then(|p| p.clone()) {
+            Some(p) => p.file.sandbox.clone(),
+            None => return "none (no local policy)".into(),
+        };
+        #[cfg(target_os = "linux")]
+        if let Some(h) = &self.sandbox {
+            return h.level(&rules).to_string();
+        }
+        crate::sandbox::Support::default().level(&rules).to_string()
+    }
+
     pub fn policy_info(&self) -> (String, String) {
         match self.policy.lock().ok().and_then(|p| p.clone()) {
             Some(p) => (p.digest.clone(), p.summary()),
@@ -241,7 +284,7 @@ impl Runner {
     /// puts secret values in place of their handles.
     fn plan(&self, req: &pb::ExecRequest) -> Result<Plan, (CommandState, String)> {
         let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
-        let (cwd, timeout, scrub, confirm, run_as) = {
+        let (cwd, timeout, scrub, confirm, run_as, sandbox_rules) = {
             let Ok(mut guard) = self.policy.lock() else {
                 return Err((CommandState::Failed, "daemon policy state poisoned".into()));
             };
@@ -250,6 +293,7 @@ impl Runner {
                     (!req.cwd.is_empty()).then(|| std::path::PathBuf::from(&req.cwd)),
                     timeout,
                     Vec::new(),
+                    None,
                     None,
                     None,
                 ),
@@ -281,7 +325,18 @@ impl Runner {
                             scrub,
                             confirm,
                             run_as,
-                        }) => (Some(cwd), timeout, scrub, confirm, run_as),
+                        }) => (
+                            Some(cwd),
+                            timeout,
+                            scrub,
+                            confirm,
+                            run_as,
+                            Some((
+                                policy.file.sandbox.clone(),
+                                policy.file.dirs.roots.clone(),
+                                policy.path.display().to_string(),
+                            )),
+                        ),
                         Ok(Decision::Deny { rule }) => {
                             return Err((
                                 CommandState::Denied,
@@ -293,6 +348,27 @@ impl Runner {
                 }
             }
         };
+        let origin = match (req.requested_by.starts_with("wrk_"), req.tainted) {
+            (false, _) => crate::sandbox::Origin::Admin,
+            // A person approved this very command: it gets what a trusted
+            // task's would (the approval is the Rule of Two's way out).
+            (true, true) if req.approved_by.is_empty() => crate::sandbox::Origin::Untrusted,
+            (true, _) => crate::sandbox::Origin::Agent,
+        };
+        let (sandbox, network, sandbox_level) = match (&sandbox_rules, &cwd) {
+            (Some((rules, roots, file)), Some(cwd)) => self.sandbox_for(
+                rules,
+                roots,
+                file,
+                origin,
+                cwd,
+                run_as.as_ref(),
+                &req.command_id,
+            )?,
+            _ => (None, true, "none (no local policy)".to_string()),
+        };
+        #[cfg(not(target_os = "linux"))]
+        let _ = sandbox;
         let uses_secrets = |s: &str| s.contains("{{secret:");
         let any = req.argv.iter().any(|a| uses_secrets(a))
             || uses_secrets(&req.shell)
@@ -343,7 +419,73 @@ impl Runner {
             confirm,
             run_as,
             config_dir: self.config_dir.clone(),
+            #[cfg(target_os = "linux")]
+            sandbox,
+            network,
+            sandbox_level,
         })
+    }
+
+    /// The sandbox a command gets: (its spec, whether it could reach the
+    /// network, the level as shown). Err when the owner's rules refuse it.
+    #[allow(clippy::too_many_arguments)]
+    fn sandbox_for(
+        &self,
+        rules: &crate::sandbox::SandboxRules,
+        roots: &[String],
+        file: &str,
+        origin: crate::sandbox::Origin,
+        cwd: &std::path::Path,
+        run_as: Option<&crate::policy::RunAs>,
+        id: &str,
+    ) -> Result<(Option<SandboxSpec>, bool, String), (CommandState, String)> {
+        #[cfg(target_os = "linux")]
+        let host = match &self.sandbox {
+            Some(h) => h,
+            None => return Ok((None, true, "none (run without a sandbox helper)".into())),
+        };
+        #[cfg(target_os = "linux")]
+        let level = host.level(rules);
+        #[cfg(not(target_os = "linux"))]
+        let level = crate::sandbox::Support::default().level(rules);
+        if rules.required && !level.is_full() {
+            return Err((
+                CommandState::Denied,
+                format!("denied by local policy: sandbox.required = true, but the sandbox here is {level} ({file})"),
+            ));
+        }
+        if matches!(level, crate::sandbox::Level::None(_)) {
+            return Ok((None, true, level.to_string()));
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let spec = host
+                .plan(&crate::sandbox::host::Request {
+                    rules,
+                    origin,
+                    roots,
+                    cwd,
+                    config_dir: self
+                        .config_dir
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new("/nonexistent")),
+                    run_as,
+                    command_id: id,
+                })
+                .map_err(|e| {
+                    (
+                        CommandState::Denied,
+                        format!("denied by local policy: {e} ({file})"),
+                    )
+                })?;
+            let network = !(spec.net_ns || spec.deny_sockets);
+            Ok((Some(spec), network, level.to_string()))
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (roots, origin, cwd, run_as, id);
+            Ok((None, true, level.to_string()))
+        }
     }
 
     /// (running, held) command IDs for Hello.
@@ -394,6 +536,16 @@ impl Runner {
     }
 
     pub fn admit(self: &Arc<Self>, req: pb::ExecRequest) -> Admission {
+        // The ID names files here (approvals, temp dirs): only a real one.
+        if byom_protocol::id::CommandId::parse(&req.command_id).is_err() {
+            return Admission::Refused(
+                "bad_request",
+                format!(
+                    "{:?} is not a command ID",
+                    req.command_id.chars().take(64).collect::<String>()
+                ),
+            );
+        }
         let Ok(mut t) = self.table.lock() else {
             return Admission::Refused("internal", "daemon state poisoned".into());
         };
@@ -468,7 +620,7 @@ impl Runner {
         let audit_dir = self.config_dir.clone();
         tokio::spawn(async move {
             let exit = match plan {
-                Ok(plan) => run_process(&e, req, plan).await,
+                Ok(plan) => run_process(&runner, &e, req, plan).await,
                 Err((state, reason)) => {
                     tracing::warn!(cmd = %e.id, "{reason}");
                     exit_record(state, reason, Instant::now(), 0)
@@ -543,309 +695,14 @@ fn exit_record(
     }
 }
 
-#[cfg(unix)]
-fn kill_group(pgid: u32, sig: i32) {
-    // SAFETY: killpg only sends a signal; a stale pgid fails with ESRCH.
-    unsafe {
-        libc::killpg(pgid as libc::pid_t, sig);
-    }
-}
-
-#[cfg(unix)]
-const SIGTERM: i32 = libc::SIGTERM;
-#[cfg(unix)]
-const SIGKILL: i32 = libc::SIGKILL;
-#[cfg(not(unix))]
-const SIGTERM: i32 = 15;
-#[cfg(not(unix))]
-const SIGKILL: i32 = 9;
-#[cfg(not(unix))]
-fn kill_group(_pgid: u32, _sig: i32) {}
-
-async fn pump<R: tokio::io::AsyncRead + Unpin>(
-    entry: Arc<Entry>,
-    mut r: R,
-    stream: Stream,
-    scrub: Arc<std::sync::Mutex<Scrubber>>,
-) {
-    // Filled without zeroing first: most commands print little or nothing.
-    let mut raw = Vec::with_capacity(limits::MAX_OUTPUT_CHUNK_BYTES);
-    loop {
-        raw.clear();
-        let n: usize = r.read_buf(&mut raw).await.unwrap_or_default();
-        // Secret values never leave the machine: split across reads, or
-        // between stdout and stderr, or encoded.
-        let out = match scrub.lock() {
-            Ok(mut s) if n == 0 => s.finish(stream),
-            Ok(mut s) => s.push(stream, &raw[..n]),
-            // Never send unscrubbed output: a poisoned scrubber ends it.
-            Err(_) => return,
-        };
-        if out.iter().any(|o| !o.is_empty()) {
-            if let Ok(mut o) = entry.output.lock() {
-                for (i, buf) in out.iter().enumerate() {
-                    let used = (o.stdout.len() + o.stderr.len()) as u64;
-                    let room = limits::MAX_COMMAND_OUTPUT_BYTES.saturating_sub(used) as usize;
-                    let take = buf.len().min(room);
-                    if take < buf.len() {
-                        o.truncated = true;
-                    }
-                    let dst = if i == 1 { &mut o.stderr } else { &mut o.stdout };
-                    dst.extend_from_slice(&buf[..take]);
-                }
-            }
-            entry.bump();
-        }
-        if n == 0 {
-            return;
-        }
-    }
-}
-
-/// Waits for the owner's `byomd approve|deny ID`. Ok: approved; Err: the
-/// exit record (denied or cancelled).
-async fn await_approval(
-    entry: &Arc<Entry>,
-    req: &pb::ExecRequest,
-    plan: &Plan,
-    rule: &str,
-) -> Result<(), pb::Exit> {
-    let t0 = Instant::now();
-    let Some(dir) = &plan.config_dir else {
-        return Err(exit_record(
-            CommandState::Denied,
-            "local approval needed but no config dir".into(),
-            t0,
-            0,
-        ));
-    };
-    let command = if req.shell.is_empty() {
-        req.argv.join(" ")
-    } else {
-        req.shell.clone()
-    };
-    let r = crate::approvals::Request {
-        id: entry.id.clone(),
-        command,
-        cwd: plan
-            .cwd
-            .as_ref()
-            .map(|c| c.display().to_string())
-            .unwrap_or_default(),
-        rule: rule.to_string(),
-        requested_at_ms: now_ms(),
-    };
-    if let Err(e) = crate::approvals::request(dir, &r) {
-        return Err(exit_record(
-            CommandState::Failed,
-            format!("cannot ask for local approval: {e:#}"),
-            t0,
-            0,
-        ));
-    }
-    tracing::warn!(cmd = %entry.id, "waiting for local approval: byomd approve {} (or deny)", entry.id);
-    if let Ok(mut a) = entry.awaiting.lock() {
-        *a = Some(rule.to_string());
-    }
-    entry.bump();
-    let mut cancel = entry.cancel.subscribe();
-    let result = loop {
-        if let Some(ok) = crate::approvals::answer(dir, &entry.id) {
-            break if ok {
-                Ok(())
-            } else {
-                Err(exit_record(
-                    CommandState::Denied,
-                    "denied by the machine's owner (byomd deny)".into(),
-                    t0,
-                    0,
-                ))
-            };
-        }
-        if let Some(reason) = cancel.borrow().clone() {
-            break Err(exit_record(CommandState::Cancelled, reason, t0, 0));
-        }
-        let _ = tokio::time::timeout(crate::approvals::POLL, cancel.changed()).await;
-    };
-    crate::approvals::clear(dir, &entry.id);
-    result
-}
-
-async fn run_process(entry: &Arc<Entry>, req: pb::ExecRequest, plan: Plan) -> pb::Exit {
-    if let Some(rule) = plan.confirm.clone() {
-        if let Err(exit) = await_approval(entry, &req, &plan, &rule).await {
-            return exit;
-        }
-    }
-    let t0 = Instant::now();
-    let mut cmd = if !plan.shell.is_empty() {
-        let mut c = tokio::process::Command::new("sh");
-        c.arg("-c").arg(&plan.shell);
-        c
-    } else if let Some((prog, args)) = plan.argv.split_first() {
-        let mut c = tokio::process::Command::new(prog);
-        c.args(args);
-        c
-    } else {
-        return exit_record(CommandState::Failed, "empty command".into(), t0, 0);
-    };
-    if let Some(cwd) = &plan.cwd {
-        if !cwd.is_dir() {
-            return exit_record(
-                CommandState::Failed,
-                format!(
-                    "working directory {} does not exist on this machine",
-                    cwd.display()
-                ),
-                t0,
-                0,
-            );
-        }
-        cmd.current_dir(cwd);
-    }
-    #[cfg(unix)]
-    if let Some(r) = &plan.run_as {
-        // As root, std drops the supplementary groups before setuid.
-        cmd.uid(r.uid).gid(r.gid);
-        cmd.env("HOME", &r.home)
-            .env("USER", &r.user)
-            .env("LOGNAME", &r.user);
-    }
-    cmd.envs(&plan.env);
-    for k in &plan.scrub {
-        cmd.env_remove(k);
-    }
-    cmd.stdin(if req.stdin.is_empty() {
-        Stdio::null()
-    } else {
-        Stdio::piped()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .kill_on_drop(true);
-    #[cfg(unix)]
-    cmd.process_group(0);
-    // A cancel that came before the process exists (with the request, or
-    // while it waited) means it never starts; the watch below only sees
-    // cancels from here on.
-    let mut cancel = entry.cancel.subscribe();
-    if let Some(reason) = cancel.borrow_and_update().clone() {
-        return exit_record(CommandState::Cancelled, reason, t0, 0);
-    }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let what = req.argv.first().map(String::as_str).unwrap_or("sh");
-            drop(plan);
-            return exit_record(
-                CommandState::Failed,
-                format!("cannot start {what:?}: {e}"),
-                t0,
-                0,
-            );
-        }
-    };
-    let pid = child.id().unwrap_or(0);
-    let started_at_ms = now_ms();
-    if let Ok(mut s) = entry.started.lock() {
-        *s = Some(pb::Started { pid, started_at_ms });
-    }
-    entry.bump();
-    if let Some(mut stdin) = child.stdin.take() {
-        let data = plan.stdin.clone();
-        tokio::spawn(async move {
-            let _ = stdin.write_all(&data).await;
-            let _ = stdin.shutdown().await;
-        });
-    }
-    // One scrubber for both streams: a value split between them is caught.
-    let scrub = Arc::new(std::sync::Mutex::new(Scrubber::new(&plan.secrets)));
-    let out = child
-        .stdout
-        .take()
-        .map(|o| tokio::spawn(pump(entry.clone(), o, Stream::Out, scrub.clone())));
-    let err = child
-        .stderr
-        .take()
-        .map(|e| tokio::spawn(pump(entry.clone(), e, Stream::Err, scrub.clone())));
-
-    let timeout = plan.timeout;
-    let mut ended_by: Option<(CommandState, String)> = None;
-    let status = loop {
-        let deadline = async {
-            match timeout {
-                Some(t) => tokio::time::sleep(t.saturating_sub(t0.elapsed())).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            s = child.wait() => break s,
-            _ = deadline, if ended_by.is_none() => {
-                ended_by = Some((CommandState::TimedOut, format!("killed after the {} timeout", humantime::format_duration(timeout.unwrap_or_default()))));
-            }
-            r = cancel.changed(), if ended_by.is_none() => {
-                if r.is_err() { continue; }
-                let reason = cancel.borrow().clone().unwrap_or_else(|| "cancelled".into());
-                ended_by = Some((CommandState::Cancelled, reason));
-            }
-        }
-        // Ask nicely, then insist; the whole group either way.
-        kill_group(pid, SIGTERM);
-        let grace = tokio::time::timeout(KILL_GRACE, child.wait()).await;
-        match grace {
-            Ok(s) => break s,
-            Err(_) => {
-                kill_group(pid, SIGKILL);
-                break child.wait().await;
-            }
-        }
-    };
-    // Background children may hold the pipes open: give them a moment, then
-    // take the group down so nothing outlives the command.
-    let drain = async {
-        if let Some(o) = out {
-            let _ = o.await;
-        }
-        if let Some(e) = err {
-            let _ = e.await;
-        }
-    };
-    if tokio::time::timeout(PIPE_DRAIN, drain).await.is_err() {
-        kill_group(pid, SIGKILL);
-    }
-    if ended_by.is_some() {
-        kill_group(pid, SIGKILL);
-    }
-    let mut exit = match ended_by {
-        Some((state, reason)) => exit_record(state, reason, t0, started_at_ms),
-        None => exit_record(CommandState::Exited, String::new(), t0, started_at_ms),
-    };
-    exit.pid = pid;
-    match status {
-        Ok(s) => {
-            exit.exit_code = s.code();
-            #[cfg(unix)]
-            {
-                use std::os::unix::process::ExitStatusExt;
-                exit.signal = s.signal();
-            }
-        }
-        Err(e) => {
-            exit.state = CommandState::Failed as i32;
-            exit.reason = format!("waiting for the process failed: {e}");
-        }
-    }
-    if let Ok(o) = entry.output.lock() {
-        exit.stdout_bytes = o.stdout.len() as u64;
-        exit.stderr_bytes = o.stderr.len() as u64;
-        exit.truncated = o.truncated;
-    }
-    exit
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A well-formed command ID.
+    fn id(n: u8) -> String {
+        format!("cmd_{n:0>26}")
+    }
 
     fn req(id: &str, shell: &str) -> pb::ExecRequest {
         pb::ExecRequest {
@@ -869,7 +726,7 @@ mod tests {
     #[tokio::test]
     async fn runs_once_and_reports() {
         let r = Arc::new(Runner::new());
-        let Admission::Started(e) = r.admit(req("cmd_1", "echo out; echo err >&2; exit 3")) else {
+        let Admission::Started(e) = r.admit(req(&id(1), "echo out; echo err >&2; exit 3")) else {
             panic!()
         };
         let x = wait(&e).await;
@@ -877,13 +734,13 @@ mod tests {
         assert_eq!(e.output_from(pb::OutputStream::Stdout, 0, 100), b"out\n");
         assert_eq!(e.output_from(pb::OutputStream::Stderr, 0, 100), b"err\n");
         assert!(matches!(
-            r.admit(req("cmd_1", "true")),
+            r.admit(req(&id(1), "true")),
             Admission::Existing(_)
         ));
-        assert_eq!(r.inventory().1, vec!["cmd_1".to_string()]);
-        r.acknowledge("cmd_1");
+        assert_eq!(r.inventory().1, vec![id(1)]);
+        r.acknowledge(&id(1));
         assert!(matches!(
-            r.admit(req("cmd_1", "true")),
+            r.admit(req(&id(1), "true")),
             Admission::AlreadyRan
         ));
     }
@@ -895,7 +752,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("ran");
         let r = Arc::new(Runner::new());
-        let Admission::Started(e) = r.admit(req("cmd_c", &format!("touch {}", marker.display())))
+        let Admission::Started(e) = r.admit(req(&id(2), &format!("touch {}", marker.display())))
         else {
             panic!()
         };
@@ -912,7 +769,7 @@ mod tests {
     #[tokio::test]
     async fn timeout_kills_the_group() {
         let r = Arc::new(Runner::new());
-        let mut q = req("cmd_2", "sleep 30 & sleep 30; echo never");
+        let mut q = req(&id(3), "sleep 30 & sleep 30; echo never");
         q.timeout_ms = 300;
         let Admission::Started(e) = r.admit(q) else {
             panic!()
@@ -923,10 +780,25 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     }
 
+    /// The server's ID names files here: a path in it is refused.
+    #[tokio::test]
+    async fn a_command_id_that_is_not_one_is_refused() {
+        let r = Arc::new(Runner::new());
+        for bad in ["../../etc/x", "cmd_../../x", "", "cmd_1"] {
+            assert!(
+                matches!(
+                    r.admit(req(bad, "true")),
+                    Admission::Refused("bad_request", _)
+                ),
+                "{bad:?} was taken"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn output_is_bounded() {
         let r = Arc::new(Runner::new());
-        let Admission::Started(e) = r.admit(req("cmd_3", "head -c 9000000 /dev/zero")) else {
+        let Admission::Started(e) = r.admit(req(&id(4), "head -c 9000000 /dev/zero")) else {
             panic!()
         };
         let x = wait(&e).await;

@@ -14,10 +14,12 @@
 pub mod approvals;
 pub mod audit;
 pub mod conn;
+pub mod display;
 pub mod exec;
 pub mod identity;
 pub mod pair;
 pub mod policy;
+pub mod sandbox;
 pub mod secrets;
 pub mod service;
 pub mod shell;

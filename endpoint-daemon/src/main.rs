@@ -106,6 +106,9 @@ enum Cmd {
     Pause,
     /// Accept commands again after `byomd pause`.
     Resume,
+    /// The OS sandbox every command runs in: what a command may touch.
+    #[command(subcommand)]
+    Sandbox(SandboxCmd),
     /// Deregister from the server and wipe the local identity.
     Unpair {
         /// Wipe locally even if the server cannot be reached.
@@ -171,6 +174,34 @@ enum SecretCmd {
 }
 
 #[derive(Subcommand, Debug)]
+enum SandboxCmd {
+    /// Show what a command would be allowed to touch here (and with --run,
+    /// run it in that sandbox): byomd sandbox check [--run] -- CMD ARGS
+    Check {
+        /// Working directory the command would get.
+        #[arg(long, default_value = "")]
+        cwd: String,
+        /// Check a shell command line (as `byom exec --sh`).
+        #[arg(long = "sh")]
+        shell: Option<String>,
+        /// As if an agent task sent it.
+        #[arg(long = "from-agent")]
+        from_agent: bool,
+        /// As if an agent task that read untrusted text sent it.
+        #[arg(long)]
+        untrusted: bool,
+        /// Run it in the sandbox here, on this terminal.
+        #[arg(long)]
+        run: bool,
+        /// Also print the macOS Seatbelt profile of the same rules.
+        #[arg(long)]
+        profile: bool,
+        #[arg(last = true)]
+        argv: Vec<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum PolicyCmd {
     /// Print the effective policy, its file and digest.
     Show,
@@ -194,6 +225,17 @@ enum PolicyCmd {
 }
 
 fn main() {
+    // The sandbox helper is byomd itself, run again before anything else
+    // (no threads, no runtime): see byom_daemon::sandbox::linux.
+    #[cfg(target_os = "linux")]
+    {
+        use byom_daemon::sandbox::linux;
+        match std::env::args_os().nth(1).as_ref().and_then(|a| a.to_str()) {
+            Some(linux::HELPER_ARG) => linux::helper_main(),
+            Some(linux::PROBE_ARG) => linux::probe_main(),
+            _ => {}
+        }
+    }
     let cli = Cli::parse();
     if matches!(
         cli.cmd,
@@ -287,6 +329,35 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Status { json } => status(&dir, json),
         Cmd::Policy(p) => policy(&dir, p),
+        #[cfg(unix)]
+        Cmd::Sandbox(SandboxCmd::Check {
+            cwd,
+            shell,
+            from_agent,
+            untrusted,
+            run,
+            profile,
+            argv,
+        }) => {
+            use byom_daemon::sandbox::Origin;
+            byom_daemon::sandbox::check::check(
+                &dir,
+                byom_daemon::sandbox::check::Options {
+                    cwd,
+                    shell,
+                    argv,
+                    origin: match (untrusted, from_agent) {
+                        (true, _) => Origin::Untrusted,
+                        (false, true) => Origin::Agent,
+                        _ => Origin::Admin,
+                    },
+                    run,
+                    profile,
+                },
+            )
+        }
+        #[cfg(not(unix))]
+        Cmd::Sandbox(_) => anyhow::bail!("byomd sandboxes commands on Linux only so far"),
         Cmd::Secret(c) => secret(&dir, c),
         Cmd::Log { lines, json } => {
             let recs = byom_daemon::audit::tail(&dir, lines);
@@ -298,7 +369,8 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
                         m.remove("at_ms");
                         m.insert("at".into(), byom_protocol::time::rfc3339(r.at_ms).into());
                     }
-                    println!("{v}");
+                    // Server-sent text may hide what ran: escape it.
+                    println!("{}", byom_daemon::display::escape_json(&v.to_string()));
                 } else {
                     let result = match (r.exit_code, r.signal) {
                         (Some(c), _) if r.state == "exited" => format!("exit {c}"),
@@ -306,17 +378,23 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
                         _ => r.state.clone(),
                     };
                     let when = byom_protocol::time::rfc3339(r.at_ms);
+                    // Server-sent text may hide what ran: escape it.
+                    let e = byom_daemon::display::escape;
                     println!(
                         "{when}  {}  {:<10}  by {}  in {}  {}",
-                        r.id,
-                        result,
+                        e(&r.id),
+                        e(&result),
                         if r.requested_by.is_empty() {
-                            "-"
+                            "-".into()
                         } else {
-                            &r.requested_by
+                            e(&r.requested_by)
                         },
-                        if r.cwd.is_empty() { "-" } else { &r.cwd },
-                        r.command
+                        if r.cwd.is_empty() {
+                            "-".into()
+                        } else {
+                            e(&r.cwd)
+                        },
+                        e(&r.command)
                     );
                 }
             }
@@ -324,13 +402,17 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Pending { json } => {
             let p = byom_daemon::approvals::pending(&dir);
+            // Server-sent text may hide what would run: escape it.
+            let e = byom_daemon::display::escape;
             if json {
-                println!("{}", serde_json::to_string_pretty(&p)?);
+                let text = serde_json::to_string_pretty(&p)?;
+                println!("{}", byom_daemon::display::escape_json(&text));
             } else if p.is_empty() {
                 println!("no command is waiting for approval");
             } else {
                 for r in p {
-                    println!("{}  {}  (in {}; {})", r.id, r.command, r.cwd, r.rule);
+                    let (id, cmd, cwd, rule) = (e(&r.id), e(&r.command), e(&r.cwd), e(&r.rule));
+                    println!("{id}  {cmd}  (in {cwd}; {rule})");
                 }
                 println!("approve with `byomd approve ID`, refuse with `byomd deny ID`");
             }
@@ -338,12 +420,14 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Approve { id } => {
             let r = byom_daemon::approvals::decide(&dir, &id, true)?;
-            println!("approved {}: {}", r.id, r.command);
+            let e = byom_daemon::display::escape;
+            println!("approved {}: {}", e(&r.id), e(&r.command));
             Ok(0)
         }
         Cmd::Deny { id } => {
             let r = byom_daemon::approvals::decide(&dir, &id, false)?;
-            println!("denied {}: {}", r.id, r.command);
+            let e = byom_daemon::display::escape;
+            println!("denied {}: {}", e(&r.id), e(&r.command));
             Ok(0)
         }
         Cmd::Service(c) => service(&dir, c),
@@ -562,6 +646,7 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
             "running": run.is_some(), "state": run.as_ref().map(|r| r.state.clone()), "paused": paused,
             "last_error": run.as_ref().map(|r| r.last_error.clone()), "connection": connection,
             "version": byom_protocol::version(), "upgrade": byom_daemon::upgrade::state(dir),
+            "sandbox": run.as_ref().map(|r| r.sandbox.clone()),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -571,6 +656,12 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
         println!("key store:    {}", key_store_name(&id));
         println!("config dir:   {}", dir.display());
         println!("connection:   {connection}");
+        match run.as_ref().map(|r| r.sandbox.as_str()) {
+            Some(s) if !s.is_empty() => println!("sandbox:      {s}"),
+            _ => {
+                println!("sandbox:      (byomd is not running; `byomd doctor` checks this kernel)")
+            }
+        }
         if let Some(u) = byom_daemon::upgrade::state(dir) {
             println!(
                 "last upgrade: {} {}: {}",

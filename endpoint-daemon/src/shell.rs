@@ -16,6 +16,12 @@ use std::collections::BTreeSet;
 use brush_parser::ast;
 use brush_parser::word::{Parameter, ParameterExpr, TildeExpr, WordPiece, WordPieceWithSource};
 
+// Word-level helpers, kept under policy/ (size limit): quoting contexts,
+// glob detection, `$'…'` decoding.
+#[path = "policy/shell_words.rs"]
+mod words;
+use words::{ansi_c, GlobScan, Quote};
+
 /// Longest shell text analysed; anything longer cannot be known.
 pub const MAX_SCRIPT_BYTES: usize = 256 * 1024;
 /// Deepest nesting of brackets and compound commands handed to the parser,
@@ -36,6 +42,10 @@ pub enum Part {
     Lit(String),
     /// Text only the running shell knows: a variable, a substitution.
     Dyn,
+    /// A path below the text before it, only known when it runs (the
+    /// files `find` hands to `-exec`): never `..`, so unlike [`Part::Dyn`]
+    /// it cannot climb out of that text.
+    Below,
 }
 
 /// One word of a command.
@@ -45,20 +55,32 @@ pub struct Arg {
     /// Unquoted glob or brace characters: the shell may turn the word into
     /// other words.
     pub expands: bool,
+    /// An unquoted expansion (or `"$@"`): field splitting may turn it into
+    /// several words, options among them.
+    pub splits: bool,
 }
 
 impl Arg {
     pub fn lit(s: impl Into<String>) -> Arg {
         Arg {
             parts: vec![Part::Lit(s.into())],
-            expands: false,
+            ..Arg::default()
         }
     }
 
+    /// A word only known when it runs.
     pub fn dynamic() -> Arg {
         Arg {
             parts: vec![Part::Dyn],
-            expands: false,
+            ..Arg::default()
+        }
+    }
+
+    /// Any number of words only known when they run (what `xargs` appends).
+    pub fn words() -> Arg {
+        Arg {
+            splits: true,
+            ..Arg::dynamic()
         }
     }
 
@@ -71,7 +93,7 @@ impl Arg {
         for p in &self.parts {
             match p {
                 Part::Lit(t) => s.push_str(t),
-                Part::Dyn => return None,
+                Part::Dyn | Part::Below => return None,
             }
         }
         Some(s)
@@ -83,13 +105,13 @@ impl Arg {
             .iter()
             .filter_map(|p| match p {
                 Part::Lit(t) => Some(t.as_str()),
-                Part::Dyn => None,
+                Part::Dyn | Part::Below => None,
             })
             .collect()
     }
 
     pub fn is_dynamic(&self) -> bool {
-        self.parts.contains(&Part::Dyn)
+        self.parts.iter().any(|p| !matches!(p, Part::Lit(_)))
     }
 
     /// For messages: the text with unknown parts shown as `…`.
@@ -98,7 +120,7 @@ impl Arg {
             .iter()
             .map(|p| match p {
                 Part::Lit(t) => t.as_str(),
-                Part::Dyn => "…",
+                Part::Dyn | Part::Below => "…",
             })
             .collect()
     }
@@ -111,6 +133,34 @@ pub struct Simple {
     pub assigns: Vec<(String, Arg)>,
     /// The command's words, redirections removed; may be empty.
     pub words: Vec<Arg>,
+    /// Its own redirections, in order (not those of enclosing compounds).
+    pub redirects: Vec<Redirect>,
+}
+
+/// A redirection: descriptor, and what it is connected to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redirect {
+    /// Writes into a file (`>`, `>>`, `>|`, `<>`, `&>`, `>&FILE`).
+    Write(i32, Arg),
+    /// Reads a file (`<`, `<>`).
+    Read(i32, Arg),
+    /// Reads this text: a here-document or here-string (literal when its
+    /// text is known).
+    Text(i32, Arg),
+    /// A copy of another descriptor, closed, or a process substitution:
+    /// what flows through it is only known when it runs.
+    Other(i32),
+}
+
+impl Redirect {
+    pub fn fd(&self) -> i32 {
+        match self {
+            Redirect::Write(fd, _)
+            | Redirect::Read(fd, _)
+            | Redirect::Text(fd, _)
+            | Redirect::Other(fd) => *fd,
+        }
+    }
 }
 
 /// Every simple command a shell line may run.
@@ -123,6 +173,11 @@ pub struct Script {
     pub functions: BTreeSet<String>,
     /// Variables the line assigns anywhere.
     pub assigned: BTreeSet<String>,
+    /// Files the line's redirections write (any command, compound or not).
+    pub writes: Vec<Arg>,
+    /// Arithmetic evaluates a variable: its value, an expression, may
+    /// assign any other (`x='PATH=0'; : $((x))`).
+    pub arith_vars: bool,
 }
 
 impl Script {
@@ -312,14 +367,25 @@ impl Walker {
     }
 
     fn pipeline(&mut self, p: &ast::Pipeline) {
-        for c in &p.seq {
-            self.command(c);
+        for (i, c) in p.seq.iter().enumerate() {
+            match (i, &p.timed, c) {
+                // bash's `time` keyword is dash's /usr/bin/time, which
+                // reads options (`time -o F cmd`): it stays a word.
+                (0, Some(t), ast::Command::Simple(s)) => {
+                    let mut time = vec![Arg::lit("time")];
+                    if matches!(t, ast::PipelineTimed::TimedWithPosixOutput(_)) {
+                        time.push(Arg::lit("-p"));
+                    }
+                    self.simple(s, time);
+                }
+                _ => self.command(c),
+            }
         }
     }
 
     fn command(&mut self, c: &ast::Command) {
         match c {
-            ast::Command::Simple(s) => self.simple(s),
+            ast::Command::Simple(s) => self.simple(s, Vec::new()),
             ast::Command::Compound(cc, redirects) => {
                 self.compound(cc);
                 self.redirects(redirects.as_ref());
@@ -356,7 +422,20 @@ impl Walker {
             ast::ExtendedTestExpr::UnaryTest(_, w) => {
                 self.word(w);
             }
-            ast::ExtendedTestExpr::BinaryTest(_, a, b) => {
+            ast::ExtendedTestExpr::BinaryTest(op, a, b) => {
+                use ast::BinaryPredicate as B;
+                if matches!(
+                    op,
+                    B::ArithmeticEqualTo
+                        | B::ArithmeticNotEqualTo
+                        | B::ArithmeticLessThan
+                        | B::ArithmeticLessThanOrEqualTo
+                        | B::ArithmeticGreaterThan
+                        | B::ArithmeticGreaterThanOrEqualTo
+                ) {
+                    self.arith_names(&a.value);
+                    self.arith_names(&b.value);
+                }
                 self.word(a);
                 self.word(b);
             }
@@ -425,35 +504,92 @@ impl Walker {
         }
     }
 
-    fn redirect(&mut self, r: &ast::IoRedirect) {
+    /// One redirection; the files it writes are listed in `writes`.
+    fn redirect(&mut self, r: &ast::IoRedirect) -> Redirect {
+        use ast::IoFileRedirectKind as K;
+        use ast::IoFileRedirectTarget as T;
         match r {
-            ast::IoRedirect::File(_, _, target) => match target {
-                ast::IoFileRedirectTarget::Filename(w)
-                | ast::IoFileRedirectTarget::Duplicate(w) => {
-                    self.word(w);
-                }
-                ast::IoFileRedirectTarget::Fd(_) => {}
-                ast::IoFileRedirectTarget::ProcessSubstitution(_, s) => self.list(&s.list),
-            },
-            ast::IoRedirect::HereDocument(_, h) => {
-                if h.requires_expansion {
-                    match brush_parser::word::parse_heredoc(&h.doc.value, &options()) {
-                        Ok(pieces) => {
-                            let mut sink = Arg::default();
-                            self.pieces(&pieces, &h.doc.value, true, &mut sink);
+            ast::IoRedirect::File(fd, kind, target) => {
+                let input = matches!(kind, K::Read | K::DuplicateInput);
+                let fd = fd.unwrap_or(if input { 0 } else { 1 });
+                match target {
+                    T::Filename(w) => {
+                        let a = self.word(w);
+                        match kind {
+                            K::Read => Redirect::Read(fd, a),
+                            K::DuplicateInput => Redirect::Other(fd),
+                            K::ReadAndWrite => {
+                                self.out.writes.push(a.clone());
+                                Redirect::Read(fd, a)
+                            }
+                            _ => {
+                                self.out.writes.push(a.clone());
+                                Redirect::Write(fd, a)
+                            }
                         }
-                        Err(_) => self.out.unknowable("a here-document that does not parse"),
+                    }
+                    T::Duplicate(w) => {
+                        let a = self.word(w);
+                        // `2>&1`, `<&3`, `>&-` copy or close descriptors;
+                        // bash's `>&FILE` writes a file.
+                        let fd_like = a.literal().is_some_and(|t| {
+                            let t = t.strip_suffix('-').unwrap_or(&t);
+                            t.chars().all(|c| c.is_ascii_digit())
+                        });
+                        if fd_like || input {
+                            Redirect::Other(fd)
+                        } else {
+                            self.out.writes.push(a.clone());
+                            Redirect::Write(fd, a)
+                        }
+                    }
+                    T::Fd(_) => Redirect::Other(fd),
+                    T::ProcessSubstitution(_, s) => {
+                        self.list(&s.list);
+                        Redirect::Other(fd)
                     }
                 }
             }
-            ast::IoRedirect::HereString(_, w) | ast::IoRedirect::OutputAndError(w, _) => {
-                self.word(w);
+            ast::IoRedirect::HereDocument(fd, h) => {
+                let mut text = Arg::lit(h.doc.value.clone());
+                if h.requires_expansion {
+                    match brush_parser::word::parse_heredoc(&h.doc.value, &options()) {
+                        Ok(pieces) => {
+                            text = Arg::default();
+                            let mut g = GlobScan::default();
+                            self.pieces(&pieces, &h.doc.value, Quote::HereDoc, &mut text, &mut g);
+                        }
+                        Err(_) => {
+                            self.out.unknowable("a here-document that does not parse");
+                            text = Arg::dynamic();
+                        }
+                    }
+                }
+                text.expands = false;
+                text.splits = false;
+                Redirect::Text(fd.unwrap_or(0), text)
+            }
+            ast::IoRedirect::HereString(fd, w) => {
+                let mut text = self.word(w);
+                text.expands = false;
+                text.splits = false;
+                text.parts.push(Part::Lit("\n".into()));
+                Redirect::Text(fd.unwrap_or(0), text)
+            }
+            ast::IoRedirect::OutputAndError(w, _) => {
+                let a = self.word(w);
+                self.out.writes.push(a.clone());
+                Redirect::Write(1, a)
             }
         }
     }
 
-    fn simple(&mut self, s: &ast::SimpleCommand) {
-        let mut cmd = Simple::default();
+    /// A simple command, after `words` (a `time` that prefixes it).
+    fn simple(&mut self, s: &ast::SimpleCommand, words: Vec<Arg>) {
+        let mut cmd = Simple {
+            words,
+            ..Simple::default()
+        };
         for item in s.prefix.iter().flat_map(|p| p.0.iter()) {
             self.item(item, &mut cmd, true);
         }
@@ -468,6 +604,23 @@ impl Walker {
             if EVALUATING.contains(&p.as_str()) {
                 self.evaluates = true;
             }
+            // `let` and `declare -i` evaluate their words as arithmetic.
+            let integer = matches!(p.as_str(), "declare" | "typeset" | "local")
+                && cmd.words.iter().any(|w| {
+                    w.literal()
+                        .is_some_and(|t| t.starts_with('-') && t.contains('i'))
+                });
+            if p == "let" || integer {
+                for item in s.suffix.iter().flat_map(|p| p.0.iter()) {
+                    match item {
+                        ast::CommandPrefixOrSuffixItem::Word(w)
+                        | ast::CommandPrefixOrSuffixItem::AssignmentWord(_, w) => {
+                            self.arith_names(&w.value)
+                        }
+                        _ => {}
+                    }
+                }
+            }
         }
         if self.out.commands.len() >= MAX_COMMANDS {
             self.out
@@ -481,7 +634,10 @@ impl Walker {
     fn item(&mut self, item: &ast::CommandPrefixOrSuffixItem, cmd: &mut Simple, before_name: bool) {
         use ast::CommandPrefixOrSuffixItem as I;
         match item {
-            I::IoRedirect(r) => self.redirect(r),
+            I::IoRedirect(r) => {
+                let r = self.redirect(r);
+                cmd.redirects.push(r);
+            }
             I::Word(w) => cmd.words.push(self.word(w)),
             I::AssignmentWord(a, _) => {
                 let (name, value) = self.assignment(a);
@@ -526,10 +682,29 @@ impl Walker {
         (name, value)
     }
 
-    /// Text the shell evaluates as arithmetic: only its substitutions run.
+    /// Text the shell evaluates as arithmetic: only its substitutions run,
+    /// but it may assign the variables it names.
     fn arithmetic(&mut self, text: &str) {
         self.evaluates = true;
+        self.arith_names(text);
         self.expansion_text(text);
+    }
+
+    /// The variables arithmetic text names may be assigned (`x=1`, `x++`),
+    /// and their values are evaluated in turn.
+    fn arith_names(&mut self, text: &str) {
+        let mut name = String::new();
+        for c in text.chars().chain(std::iter::once(' ')) {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                name.push(c);
+                continue;
+            }
+            if name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+                self.out.arith_vars = true;
+                self.out.assigned.insert(std::mem::take(&mut name));
+            }
+            name.clear();
+        }
     }
 
     /// Text inside `${…}` or `$((…))`: the commands it substitutes run.
@@ -540,7 +715,8 @@ impl Walker {
         match brush_parser::word::parse(text, &options()) {
             Ok(pieces) => {
                 let mut sink = Arg::default();
-                self.pieces(&pieces, text, true, &mut sink);
+                let mut g = GlobScan::default();
+                self.pieces(&pieces, text, Quote::Double, &mut sink, &mut g);
             }
             Err(_) => self
                 .out
@@ -551,7 +727,10 @@ impl Walker {
     fn word(&mut self, w: &ast::Word) -> Arg {
         let mut arg = Arg::default();
         match brush_parser::word::parse(&w.value, &options()) {
-            Ok(pieces) => self.pieces(&pieces, &w.value, false, &mut arg),
+            Ok(pieces) => {
+                let mut g = GlobScan::default();
+                self.pieces(&pieces, &w.value, Quote::Bare, &mut arg, &mut g)
+            }
             Err(_) => {
                 self.out
                     .unknowable(format!("a word that does not parse: {}", w.value));
@@ -567,43 +746,69 @@ impl Walker {
         arg
     }
 
-    fn pieces(&mut self, pieces: &[WordPieceWithSource], raw: &str, quoted: bool, arg: &mut Arg) {
+    fn pieces(
+        &mut self,
+        pieces: &[WordPieceWithSource],
+        raw: &str,
+        q: Quote,
+        arg: &mut Arg,
+        g: &mut GlobScan,
+    ) {
+        let bare = q == Quote::Bare;
         for p in pieces {
             let text = |p: &WordPieceWithSource| raw.get(p.start_index..p.end_index).unwrap_or("");
+            // What the shell knows only when it runs: split if unquoted.
+            let dynamic = |arg: &mut Arg, g: &mut GlobScan, splits: bool| {
+                arg.parts.push(Part::Dyn);
+                arg.splits |= splits;
+                g.other(arg);
+            };
             match &p.piece {
-                WordPiece::Text(t) => {
-                    if !quoted && t.contains(['*', '?', '[', ']', '{', '}']) {
-                        arg.expands = true;
-                    }
+                WordPiece::Text(t) if bare => {
+                    g.bare(t, arg);
                     arg.parts.push(Part::Lit(t.clone()));
                 }
-                WordPiece::SingleQuotedText(t) => arg.parts.push(Part::Lit(t.clone())),
-                WordPiece::AnsiCQuotedText(t) => arg.parts.push(Part::Lit(ansi_c(t))),
+                WordPiece::Text(t) | WordPiece::SingleQuotedText(t) => {
+                    g.quoted(t, arg);
+                    arg.parts.push(Part::Lit(t.clone()));
+                }
+                WordPiece::AnsiCQuotedText(t) => {
+                    let t = ansi_c(t);
+                    g.quoted(&t, arg);
+                    arg.parts.push(Part::Lit(t));
+                }
                 WordPiece::DoubleQuotedSequence(seq)
                 | WordPiece::GettextDoubleQuotedSequence(seq) => {
-                    self.pieces(seq, raw, true, arg);
+                    let inner = if q == Quote::HereDoc {
+                        q
+                    } else {
+                        Quote::Double
+                    };
+                    self.pieces(seq, raw, inner, arg, g);
                 }
                 WordPiece::TildeExpansion(t) => match (t, &self.home) {
                     (TildeExpr::Home, Some(h)) => arg.parts.push(Part::Lit(h.clone())),
-                    _ => arg.parts.push(Part::Dyn),
+                    _ => dynamic(arg, g, false),
                 },
                 WordPiece::ParameterExpansion(e) => {
                     let src = text(p);
                     if let Some(inner) = src.strip_prefix("${").and_then(|s| s.strip_suffix('}')) {
                         self.expansion_text(inner);
                     }
+                    self.parameter(e);
                     let home = matches!(
                         e,
                         ParameterExpr::Parameter { parameter: Parameter::Named(n), indirect: false } if n == "HOME"
                     ) && !self.out.assigned.contains("HOME");
                     match (home, &self.home) {
                         (true, Some(h)) => arg.parts.push(Part::Lit(h.clone())),
-                        _ => arg.parts.push(Part::Dyn),
+                        // `"$@"` and `"${a[@]}"` are several words.
+                        _ => dynamic(arg, g, bare || src.contains('@')),
                     }
                 }
                 WordPiece::CommandSubstitution(s) => {
                     self.nested(s);
-                    arg.parts.push(Part::Dyn);
+                    dynamic(arg, g, bare);
                 }
                 WordPiece::BackquotedCommandSubstitution(s) => {
                     // In backquotes `\$` and `\\` lose their backslash
@@ -617,219 +822,83 @@ impl Walker {
                         inner.push(c);
                     }
                     self.nested(&inner);
-                    arg.parts.push(Part::Dyn);
+                    dynamic(arg, g, bare);
                 }
                 WordPiece::EscapeSequence(s) => {
                     let mut cs = s.chars();
                     cs.next();
                     let rest: String = cs.collect();
-                    let escaped =
-                        !quoted || matches!(rest.as_str(), "$" | "`" | "\"" | "\\" | "\n");
+                    // Inside double quotes a backslash escapes only these;
+                    // in a here-document `"` is not one of them.
+                    let escaped = match q {
+                        Quote::Bare => true,
+                        Quote::Double => matches!(rest.as_str(), "$" | "`" | "\"" | "\\" | "\n"),
+                        Quote::HereDoc => matches!(rest.as_str(), "$" | "`" | "\\" | "\n"),
+                    };
                     match (escaped, rest.as_str()) {
                         (true, "\n") => {}
-                        (true, _) => arg.parts.push(Part::Lit(rest)),
-                        (false, _) => arg.parts.push(Part::Lit(s.clone())),
+                        (true, _) => {
+                            g.quoted(&rest, arg);
+                            arg.parts.push(Part::Lit(rest))
+                        }
+                        (false, _) => {
+                            g.quoted(s, arg);
+                            arg.parts.push(Part::Lit(s.clone()))
+                        }
                     }
                 }
                 WordPiece::ArithmeticExpression(e) => {
                     self.arithmetic(&e.value);
-                    arg.parts.push(Part::Dyn);
+                    dynamic(arg, g, bare);
                 }
             }
         }
     }
-}
 
-/// Decodes bash's `$'…'` escapes.
-fn ansi_c(t: &str) -> String {
-    let mut out = String::with_capacity(t.len());
-    let cs: Vec<char> = t.chars().collect();
-    let mut i = 0;
-    let digits = |from: usize, max: usize, radix: u32| -> (u32, usize) {
-        let mut v = 0u32;
-        let mut n = 0;
-        while n < max {
-            match cs.get(from + n).and_then(|c| c.to_digit(radix)) {
-                Some(d) => {
-                    v = v.saturating_mul(radix).saturating_add(d);
-                    n += 1;
+    /// What a parameter expansion assigns or evaluates as arithmetic.
+    fn parameter(&mut self, e: &ParameterExpr) {
+        match e {
+            ParameterExpr::AssignDefaultValues {
+                parameter,
+                indirect,
+                ..
+            } => match (name_of(parameter), indirect) {
+                (Some(n), false) => {
+                    self.out.assigned.insert(n.to_string());
                 }
-                None => break,
+                _ => self
+                    .out
+                    .unknowable("an expansion assigns a variable only known when it runs"),
+            },
+            ParameterExpr::Substring { offset, length, .. } => {
+                self.arith_names(&offset.value);
+                if let Some(l) = length {
+                    self.arith_names(&l.value);
+                }
             }
+            _ => {}
         }
-        (v, n)
-    };
-    while i < cs.len() {
-        if cs[i] != '\\' || i + 1 == cs.len() {
-            out.push(cs[i]);
-            i += 1;
-            continue;
+        if let ParameterExpr::Parameter {
+            parameter: Parameter::NamedWithIndex { index, .. },
+            ..
+        } = e
+        {
+            self.arith_names(index);
         }
-        let c = cs[i + 1];
-        i += 2;
-        let simple = match c {
-            'a' => Some('\u{7}'),
-            'b' => Some('\u{8}'),
-            'e' | 'E' => Some('\u{1b}'),
-            'f' => Some('\u{c}'),
-            'n' => Some('\n'),
-            'r' => Some('\r'),
-            't' => Some('\t'),
-            'v' => Some('\u{b}'),
-            '\\' | '\'' | '"' | '?' => Some(c),
-            _ => None,
-        };
-        if let Some(s) = simple {
-            out.push(s);
-            continue;
-        }
-        let (v, n) = match c {
-            '0'..='7' => {
-                let (v, n) = digits(i - 1, 3, 8);
-                i -= 1;
-                (v, n)
-            }
-            'x' => digits(i, 2, 16),
-            'u' => digits(i, 4, 16),
-            'U' => digits(i, 8, 16),
-            'c' if i < cs.len() => {
-                let ctl = (cs[i] as u32) & 0x1f;
-                i += 1;
-                out.extend(char::from_u32(ctl));
-                continue;
-            }
-            _ => {
-                out.push('\\');
-                out.push(c);
-                continue;
-            }
-        };
-        if n == 0 {
-            out.push('\\');
-            out.push(c);
-            continue;
-        }
-        i += n;
-        out.extend(char::from_u32(v));
     }
-    out
 }
 
+/// The variable a parameter names, if it is one.
+fn name_of(p: &Parameter) -> Option<&str> {
+    match p {
+        Parameter::Named(n)
+        | Parameter::NamedWithIndex { name: n, .. }
+        | Parameter::NamedWithAllIndices { name: n, .. } => Some(n),
+        _ => None,
+    }
+}
+
+// The tests live under policy/ (size limit) but are this module's own.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn first_words(line: &str) -> Vec<Option<String>> {
-        let s = parse(line, Some("/home/u"), 0);
-        assert!(s.unknown.is_empty(), "{line}: {:?}", s.unknown);
-        s.commands
-            .iter()
-            .map(|c| c.words.first().and_then(Arg::literal))
-            .collect()
-    }
-
-    #[test]
-    fn quotes_and_escapes_are_removed() {
-        for line in [
-            "s''u -c id",
-            "\\su -c id",
-            "\"s\"u",
-            "$'s\\x75'",
-            "$'\\163u'",
-            "'su'",
-        ] {
-            assert_eq!(first_words(line), vec![Some("su".to_string())], "{line}");
-        }
-    }
-
-    #[test]
-    fn every_command_is_found() {
-        assert_eq!(
-            first_words("a; b && c || d | e & f\n(g); { h; }"),
-            ["a", "b", "c", "d", "e", "f", "g", "h"]
-                .map(|s| Some(s.to_string()))
-                .to_vec()
-        );
-        let s = parse(
-            "echo $(su) `doas x` \"$(sudo y)\" <(pkexec z) ${a:-$(reboot)}",
-            None,
-            0,
-        );
-        let progs: Vec<_> = s
-            .commands
-            .iter()
-            .filter_map(|c| c.words.first().and_then(Arg::literal))
-            .collect();
-        for p in ["su", "doas", "sudo", "pkexec", "reboot", "echo"] {
-            assert!(progs.contains(&p.to_string()), "{p} in {progs:?}");
-        }
-        let s = parse("cat <<EOF\n$(su)\nEOF\nif x; then y; elif z; then w; else v; fi; for i in 1; do q; done; case a in b) r;; esac; f() { t; }", None, 0);
-        let progs: Vec<_> = s
-            .commands
-            .iter()
-            .filter_map(|c| c.words.first().and_then(Arg::literal))
-            .collect();
-        for p in ["cat", "su", "x", "y", "z", "w", "v", "q", "r", "t"] {
-            assert!(progs.contains(&p.to_string()), "{p} in {progs:?}");
-        }
-        assert!(s.functions.contains("f"));
-        // A quoted here-document is text, not commands.
-        let s = parse("cat <<'EOF'\n$(su)\nEOF", None, 0);
-        assert_eq!(s.commands.len(), 1);
-    }
-
-    #[test]
-    fn what_the_shell_builds_is_dynamic() {
-        let s = parse("x=s; ${x}u -c id", None, 0);
-        assert_eq!(s.commands[1].words[0].literal(), None);
-        assert!(s.commands[1].words[0].is_dynamic());
-        assert!(s.assigned.contains("x"));
-        let s = parse("/bin/s? -c id; {s,}u", None, 0);
-        assert_eq!(s.commands[0].words[0].literal(), None);
-        assert_eq!(s.commands[1].words[0].literal(), None);
-        // Quoted glob characters are text.
-        let s = parse("echo '*'", None, 0);
-        assert_eq!(s.commands[0].words[1].literal().as_deref(), Some("*"));
-        let s = parse("rm -rf ~ $HOME/ \"$X/\"", Some("/home/u"), 0);
-        let w = &s.commands[0].words;
-        assert_eq!(w[2].literal().as_deref(), Some("/home/u"));
-        assert_eq!(w[3].literal().as_deref(), Some("/home/u/"));
-        assert_eq!(w[4].known(), "/");
-    }
-
-    #[test]
-    fn what_cannot_be_parsed_is_unknown_not_a_crash() {
-        assert!(!parse("echo 'unterminated", None, 0).unknown.is_empty());
-        let deep = format!("{}x{}", "(".repeat(5000), ")".repeat(5000));
-        assert!(!parse(&deep, None, 0).unknown.is_empty());
-        let mut nested = "x".to_string();
-        for _ in 0..40 {
-            nested = format!("echo $({nested})");
-        }
-        assert!(!parse(&nested, None, 0).unknown.is_empty());
-        assert!(!parse(&"a".repeat(MAX_SCRIPT_BYTES + 1), None, 0)
-            .unknown
-            .is_empty());
-        // Deep but allowed: parsed, not refused.
-        let ok = format!("{}x{}", "(".repeat(150), ")".repeat(150));
-        assert!(parse(&ok, None, 0).unknown.is_empty());
-    }
-
-    #[test]
-    fn arithmetic_injection_is_unknown() {
-        assert!(!parse("x='a[$(su)]'; echo $((x))", None, 0)
-            .unknown
-            .is_empty());
-        assert!(parse("echo '$(date)'", None, 0).unknown.is_empty());
-        assert!(parse("printf '%s' 'see $(x)'", None, 0).unknown.is_empty());
-    }
-
-    #[test]
-    fn ansi_c_escapes() {
-        assert_eq!(ansi_c("s\\x75"), "su");
-        assert_eq!(ansi_c("\\163\\165"), "su");
-        assert_eq!(ansi_c("\\u0073u"), "su");
-        assert_eq!(ansi_c("a\\tb\\q"), "a\tb\\q");
-        assert_eq!(ansi_c("\\"), "\\");
-    }
-}
+#[path = "policy/tests/shell.rs"]
+mod tests;

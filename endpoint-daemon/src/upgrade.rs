@@ -273,19 +273,36 @@ pub async fn fetch_release(ident: &Identity, server: &str) -> anyhow::Result<Rel
     Ok(Release { manifest, binary })
 }
 
-/// Downloads `a` next to `exe` as `.byomd.new`, checking size and SHA-256.
+/// Creates `path` anew: never through a link someone left there, never
+/// into a file someone else holds open.
+fn create_fresh(path: &Path) -> anyhow::Result<std::fs::File> {
+    let _ = std::fs::remove_file(path);
+    let mut o = std::fs::OpenOptions::new();
+    // create_new is O_EXCL: it follows no symlink and fails on any file.
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        o.mode(0o700);
+    }
+    o.open(path)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Downloads `a` into `stage` (byomd's config dir: out of every command's
+/// reach, so nothing can swap the checked file before it is installed) as
+/// `.byomd.new`, checking size and SHA-256.
 pub async fn download(
     ident: &Identity,
     server: &str,
     a: &Artifact,
-    exe: &Path,
+    stage: &Path,
 ) -> anyhow::Result<PathBuf> {
     if a.size > MAX_ARTIFACT_BYTES {
         bail!("{} is larger than {MAX_ARTIFACT_BYTES} bytes", a.file);
     }
-    let dest = exe.with_file_name(".byomd.new");
-    let mut f =
-        std::fs::File::create(&dest).with_context(|| format!("cannot write {}", dest.display()))?;
+    let dest = stage.join(".byomd.new");
+    let mut f = create_fresh(&dest)?;
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     let r = get(
         &ident.ca_pem,
@@ -399,15 +416,46 @@ pub async fn trial(
 }
 
 /// Swaps the staged binary in for `exe`, keeping the old one as
-/// `byomd.prev` (a hard link, so `exe` never goes missing).
-pub fn swap(exe: &Path, new: &Path) -> anyhow::Result<PathBuf> {
-    let prev = exe.with_file_name("byomd.prev");
+/// `byomd.prev` in `keep` (the config dir: commands may write where the
+/// binary lives, and a `byomd.prev` they changed would be what a rollback
+/// runs). A hard link, so `exe` never goes missing.
+pub fn swap(exe: &Path, new: &Path, keep: &Path) -> anyhow::Result<PathBuf> {
+    let prev = keep.join("byomd.prev");
     let _ = std::fs::remove_file(&prev);
     if std::fs::hard_link(exe, &prev).is_err() {
-        std::fs::copy(exe, &prev).context("cannot keep the old binary")?;
+        let mut f = create_fresh(&prev)?;
+        std::io::copy(
+            &mut std::fs::File::open(exe).context("cannot read this binary")?,
+            &mut f,
+        )
+        .context("cannot keep the old binary")?;
     }
-    std::fs::rename(new, exe).with_context(|| format!("cannot replace {}", exe.display()))?;
+    install(new, exe)?;
     Ok(prev)
+}
+
+/// Moves `src` to `exe` atomically. Across file systems: a copy next to
+/// the binary under a name no one can guess or have planted, then a
+/// rename. (A command that may write there could still race that copy:
+/// keep byomd's config dir and its binary on one file system.)
+fn install(src: &Path, exe: &Path) -> anyhow::Result<()> {
+    if std::fs::rename(src, exe).is_ok() {
+        return Ok(());
+    }
+    let mut r = [0u8; 8];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+    let tmp = exe.with_file_name(format!(".byomd.new.{}", byom_wire::hex(&r)));
+    let mut f = create_fresh(&tmp)?;
+    std::io::copy(&mut std::fs::File::open(src)?, &mut f)
+        .context("cannot copy the new binary next to this one")?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    }
+    std::fs::rename(&tmp, exe).with_context(|| format!("cannot replace {}", exe.display()))?;
+    let _ = std::fs::remove_file(src);
+    Ok(())
 }
 
 /// Replaces this process with `exe`, same arguments (never returns but on
@@ -490,7 +538,7 @@ async fn stage(
     let exe = std::env::current_exe()
         .context("cannot find this binary")
         .map_err(failed)?;
-    let new = download(&ident, &server, &a, &exe).await.map_err(failed)?;
+    let new = download(&ident, &server, &a, dir).await.map_err(failed)?;
     // From here a failure means the new binary is no good: roll back.
     let tried = async {
         check_version(&new, &st.to).await?;
@@ -507,7 +555,7 @@ async fn stage(
             e.context(format!("kept byomd {}", byom_protocol::version())),
         ));
     }
-    let prev = swap(&exe, &new).map_err(failed)?;
+    let prev = swap(&exe, &new, dir).map_err(failed)?;
     st.state = "swapped".into();
     st.prev = prev.display().to_string();
     st.deadline_ms = crate::now_ms() + req.deadline().as_millis() as u64;
@@ -531,7 +579,7 @@ pub async fn watch_swap(dir: PathBuf) {
         return;
     };
     let prev = PathBuf::from(&now.prev);
-    if std::fs::rename(&prev, &exe).is_err() {
+    if install(&prev, &exe).is_err() {
         tracing::error!("upgrade: cannot roll back to {}", prev.display());
         return;
     }

@@ -6,7 +6,11 @@
 //!     (CreateCommand + WatchCommand until the exit is stored);
 //!  3. `byom exec M -- true` end to end (a new CLI process each time);
 //!  4. `ssh -o ControlMaster=auto -o ControlPersist=60 localhost true`
-//!     against a local sshd (skipped if openssh-server is not installed).
+//!     against a local sshd (skipped if openssh-server is not installed);
+//!  5. the OS sandbox: `byom exec` and the API round trip on a machine
+//!     with the sandbox (the default) and one with `[sandbox] enabled =
+//!     false`, interleaved, and the helper's own setup time per command
+//!     (from fork to the command's exec, as the daemon logs it).
 //!
 //! Prints p50/p99 and ratios; figures only mean something relative to each
 //! other in the same run.
@@ -261,5 +265,90 @@ fn main() {
     );
     if let Some((mut child, _)) = ssh {
         let _ = child.kill();
+    }
+    sandbox(&server, dir.path(), &d, n, &rt);
+}
+
+/// The sandbox's cost: the same commands on a sandboxed and an unboxed
+/// daemon, interleaved, and the helper's setup time.
+fn sandbox(server: &Server, dir: &Path, boxed: &Daemon, n: usize, rt: &tokio::runtime::Runtime) {
+    let mut raw = Daemon::new(dir, "daemon-raw");
+    raw.pair(&server.token(&[]), "lap-raw");
+    let policy = raw.config_dir.join("policy.toml");
+    let text = std::fs::read_to_string(&policy)
+        .unwrap()
+        .replace("enabled = true", "enabled = false");
+    std::fs::write(&policy, text).unwrap();
+    raw.start();
+    server.wait_online("lap-raw", true, Duration::from_secs(60));
+    assert_eq!(server.machine("lap")["sandbox"], "full");
+    let (api_box, api_raw): (Vec<Duration>, Vec<Duration>) = rt.block_on(async {
+        let creds = byom_api::load_creds(Some(&server.creds()), None).unwrap();
+        let mut c = byom_api::connect(&creds).await.unwrap();
+        let (mut b, mut r) = (Vec::new(), Vec::new());
+        for i in 0..(n + 10) {
+            for (machine, out) in [("lap", &mut b), ("lap-raw", &mut r)] {
+                let d = byom_tests::api_round_trip(&mut c, machine).await;
+                if i >= 10 {
+                    out.push(d);
+                }
+            }
+        }
+        (b, r)
+    });
+    let cli_n = (n / 3).max(10);
+    let (mut cli_box, mut cli_raw) = (Vec::new(), Vec::new());
+    for _ in 0..cli_n {
+        for (machine, out) in [("lap", &mut cli_box), ("lap-raw", &mut cli_raw)] {
+            let t = Instant::now();
+            let o = server.byom(&["exec", machine, "--", "true"]);
+            assert!(o.status.success());
+            out.push(t.elapsed());
+        }
+    }
+    let mut setup: Vec<Duration> = boxed
+        .log()
+        .lines()
+        .filter(|l| l.contains("command started in its sandbox"))
+        .filter_map(|l| {
+            let v = l.split("setup_us=").nth(1)?;
+            let digits: String = v.chars().take_while(|c| c.is_ascii_digit()).collect();
+            Some(Duration::from_micros(digits.parse().ok()?))
+        })
+        .collect();
+    println!(
+        "
+the OS sandbox (interleaved on one server; sandbox {} here)",
+        server.machine("lap")["sandbox"]
+    );
+    let rows = [
+        row("`byom exec` end to end, sandboxed", cli_box),
+        row("`byom exec` end to end, sandbox off", cli_raw),
+        row("API round trip, sandboxed", api_box),
+        row("API round trip, sandbox off", api_raw),
+    ];
+    for r in &rows {
+        println!(
+            "{:<48} {:>6} {:>12} {:>12}",
+            r.name,
+            r.n,
+            ms(r.p50),
+            ms(r.p99)
+        );
+    }
+    println!(
+        "sandboxed / off p50: byom exec {:.3}x, API round trip {:.3}x",
+        rows[0].p50.as_secs_f64() / rows[1].p50.as_secs_f64(),
+        rows[2].p50.as_secs_f64() / rows[3].p50.as_secs_f64()
+    );
+    if setup.is_empty() {
+        println!("sandbox setup: no figures in the daemon's log");
+    } else {
+        let k = setup.len();
+        println!(
+            "sandbox setup (helper start to exec), {k} commands: p50 {}, p99 {}",
+            ms(pct(&mut setup, 0.5)),
+            ms(pct(&mut setup, 0.99))
+        );
     }
 }

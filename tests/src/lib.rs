@@ -607,6 +607,8 @@ pub struct Daemon {
     pub server_override: Option<String>,
     pub run_args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Run byomd (and `byomd …` calls) as this uid and gid, not ours.
+    pub user: Option<(u32, u32)>,
 }
 
 impl Daemon {
@@ -619,19 +621,62 @@ impl Daemon {
             server_override: None,
             run_args: Vec::new(),
             env: Vec::new(),
+            user: None,
+        }
+    }
+
+    /// A daemon that runs as `nobody`: its config dir and `home` (its
+    /// HOME) are made and handed to that user, and `dir` opened to it.
+    pub fn unprivileged(dir: &Path, name: &str, home: &Path) -> Daemon {
+        use std::os::unix::fs::PermissionsExt;
+        let (uid, gid) = (65534, 65534);
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut d = Daemon::new(dir, name);
+        for p in [&d.config_dir, &home.to_path_buf()] {
+            std::fs::create_dir_all(p).unwrap();
+            std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+        }
+        d.user = Some((uid, gid));
+        d.env.push(("HOME".into(), home.display().to_string()));
+        d
+    }
+
+    fn as_user(&self, c: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        if let Some((uid, gid)) = self.user {
+            c.uid(uid).gid(gid);
         }
     }
 
     pub fn byomd(&self, args: &[&str]) -> Output {
-        Command::new(&self.exe)
+        self.byomd_with_input(args, None)
+    }
+
+    /// `byomd ARGS` with `input` on its stdin.
+    pub fn byomd_with_input(&self, args: &[&str], input: Option<&[u8]>) -> Output {
+        use std::io::Write;
+        let mut c = Command::new(&self.exe);
+        self.as_user(&mut c);
+        let mut child = c
+            .envs(self.env.iter().cloned())
             .arg("--config-dir")
             .arg(&self.config_dir)
             .args(args)
             .env("BYOMD_KEY_STORE", "file")
             .env("BYOMD_LOG", "warn")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run byomd")
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run byomd");
+        if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin.write_all(data).expect("byomd's stdin");
+        }
+        child.wait_with_output().expect("run byomd")
     }
 
     /// Pairs with `token`; panics with byomd's message on failure.
@@ -656,6 +701,7 @@ impl Daemon {
             .open(&self.log)
             .unwrap();
         let mut c = Command::new(&self.exe);
+        self.as_user(&mut c);
         c.arg("--config-dir").arg(&self.config_dir).arg("run");
         if let Some(s) = &self.server_override {
             c.arg("--server").arg(s);

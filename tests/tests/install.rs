@@ -447,7 +447,9 @@ fn upgrades_wait_for_commands_and_a_broken_build_is_rolled_back() {
         pid,
         "the upgrade execs in place: one PID for the service manager"
     );
-    assert!(bin_dir.join("byomd.prev").exists());
+    // The old binary is kept where no command can change it.
+    assert!(d.config_dir.join("byomd.prev").exists());
+    assert!(!bin_dir.join("byomd.prev").exists());
     wait_for("the opted-in machine to upgrade itself", T, || {
         (machine_row(&server, "auto")["version"] == next).then_some(())
     });

@@ -30,8 +30,11 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<
         std::process::id()
     ));
     {
+        // A fresh file: never through a link someone left under the temp
+        // name (create_new is O_EXCL, which follows none).
+        let _ = std::fs::remove_file(&tmp);
         let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
+        opts.write(true).create_new(true);
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;

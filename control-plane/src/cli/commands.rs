@@ -136,6 +136,13 @@ pub async fn run(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
                     ago(cmd.created_at_ms),
                     or_dash(&cmd.requested_by)
                 );
+                if !cmd.sandbox.is_empty() {
+                    println!(
+                        "  sandbox:  {}; network {}",
+                        safe_line(&cmd.sandbox),
+                        if cmd.network { "reachable" } else { "denied" }
+                    );
+                }
                 if cmd.truncated {
                     println!(
                         "  output:   truncated at {} bytes",

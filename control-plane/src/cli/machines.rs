@@ -240,6 +240,9 @@ pub fn print_machine(m: &pb::Machine, json: bool) {
     );
     println!("  certificate:  expires {}", ago(m.cert_not_after_ms));
     println!("  key sha256:   {}", m.public_key_sha256);
+    if !m.sandbox.is_empty() {
+        println!("  sandbox:      {}", safe_line(&m.sandbox));
+    }
     if !m.policy_digest.is_empty() {
         println!(
             "  local policy: {} (sha256 {})",

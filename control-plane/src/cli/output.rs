@@ -144,6 +144,7 @@ pub fn machine_json(m: &pb::Machine) -> Value {
         "queued_commands": m.queued_commands, "running_commands": m.running_commands,
         "remote_addr": m.remote_addr, "offline_reason": m.offline_reason,
         "policy_digest": m.policy_digest, "policy_summary": m.policy_summary, "paused": m.paused, "transport": m.transport,
+        "sandbox": m.sandbox,
     })
 }
 
@@ -158,6 +159,7 @@ pub fn command_json(c: &pb::Command) -> Value {
         "truncated": c.truncated, "duration_ms": c.duration_ms, "requested_by": c.requested_by,
         "cancel_requested": c.cancel_requested, "pid": c.pid,
         "tainted": c.tainted, "taint": c.taint, "approved_by": c.approved_by,
+        "network": c.network, "sandbox": c.sandbox,
     })
 }
 

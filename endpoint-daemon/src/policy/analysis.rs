@@ -1,13 +1,25 @@
 //! What a command will run: every program, with the words it gets, through
-//! shells (`sh -c`, `eval`, `trap`), the common wrappers (`env`, `nice`,
-//! `nohup`, `timeout`, `xargs`, `find -exec`, `busybox APPLET`, `sudo`,
-//! `doas`, `su -c`, `watch`, `flock`, …) and the substitutions of a shell
-//! line. What only the running shell can know is listed as unknown, with the
-//! reason; the policy treats it as matching its strictest rule.
+//! shells (`sh -c`, `eval`, `trap`, `. FILE`, a here-document fed to `sh`),
+//! the wrappers that run their arguments (`env`, `nice`, `xargs`,
+//! `find -exec`, `sudo`, `flock`, `chroot`, `strace`, `npx`, … see
+//! [`wrappers`]), git's configuration and aliases ([`git`]), and the
+//! substitutions of a shell line. What only the running shell can know is
+//! listed as unknown, with the reason; the policy treats it as matching its
+//! strictest rule. What only defeats an allow-list (a name that may find
+//! another file: `PATH`, `LD_LIBRARY_PATH`, a sourced file) is listed
+//! apart, in [`Analysis::relocated`].
 
 use std::collections::BTreeSet;
 
-use crate::shell::{self, Arg, Part, MAX_DEPTH};
+use crate::shell::{self, Arg, Redirect, MAX_DEPTH};
+
+mod builtins;
+pub mod git;
+mod specs;
+mod vars;
+mod wrappers;
+
+pub use vars::{hijacks, relocates};
 
 /// One program the command starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,8 +28,17 @@ pub struct Exec {
     pub argv: Vec<Arg>,
     /// What started it, outermost first (`sudo`, `sh -c`, `find -exec`).
     pub via: Vec<String>,
-    /// A shell builtin or a function of the line, not a file on disk.
+    /// A shell builtin, not a file on disk.
     pub builtin: bool,
+    /// A function of the line has this name. Whether the function or the
+    /// program runs depends on the order things happen in, so both count:
+    /// the body is analysed where it is written, and the name is judged
+    /// as the program too.
+    pub function: bool,
+    /// Not a program that starts but what one does (`find -delete` is an
+    /// `rm -rf` of what it finds, `git -c alias.p=push p` a `git push`):
+    /// judged by command patterns and read-only rules, not as a file.
+    pub implied: bool,
 }
 
 impl Exec {
@@ -55,408 +76,171 @@ pub struct Analysis {
     pub assigned: BTreeSet<String>,
     /// The line changes directory, so relative program paths move.
     pub changes_dir: bool,
+    /// Files its redirections write (`> FILE`, `&> FILE`, `1<> FILE`).
+    pub writes: Vec<Arg>,
+    /// Script files a shell runs (`sh build.sh`): code like a program's,
+    /// which a line that writes files may have written.
+    pub scripts: Vec<Arg>,
+    /// Why a name it runs may find another file than byomd's PATH finds
+    /// now, or an allowed program may load code nobody listed: unknowable
+    /// to an allow-list, which vouches for files (nothing to a deny-list).
+    pub relocated: Vec<String>,
 }
 
 impl Analysis {
     pub fn unknowable(&mut self, why: impl Into<String>) {
         shell::add_reason(&mut self.unknown, why);
     }
+
+    pub fn relocate(&mut self, why: impl Into<String>) {
+        shell::add_reason(&mut self.relocated, why);
+    }
+
+    /// A variable of the request's environment: what it makes the command
+    /// run counts as the command's (a `GIT_PAGER` is a command line).
+    pub fn add_env(&mut self, name: &str, value: &str, home: Option<&str>) {
+        let mut w = Walk {
+            out: std::mem::take(self),
+            home: home.map(str::to_string),
+            parses: 0,
+        };
+        w.assignment(name, &Arg::lit(value), &Ctx::top(&[]));
+        w.out.assigned.insert(name.to_string());
+        w.settle();
+        *self = w.out;
+    }
 }
 
 /// Analyses a request: `argv` run directly, or `shell` run by `sh -c`.
 pub fn analyze(argv: &[String], shell: &str, home: Option<&str>) -> Analysis {
-    let mut a = Walk {
+    let a = analyze_with(argv, shell, home);
+    // `~` and `$HOME` were read as byomd's home: a line that assigns HOME
+    // (anywhere, in any order) may mean another directory by them.
+    if home.is_some() && a.assigned.contains("HOME") {
+        return analyze_with(argv, shell, None);
+    }
+    a
+}
+
+fn analyze_with(argv: &[String], shell: &str, home: Option<&str>) -> Analysis {
+    let mut w = Walk {
         out: Analysis::default(),
         home: home.map(str::to_string),
+        parses: 0,
     };
+    let cx = Ctx::top(&[]);
     if shell.is_empty() {
         let words = argv.iter().map(|w| Arg::lit(w.clone())).collect();
-        a.words(words, Vec::new(), 0, &BTreeSet::new());
+        w.words(words, cx);
     } else {
-        a.script(shell, Vec::new(), 0);
+        w.script(shell, &cx);
     }
-    for name in &a.out.assigned.clone() {
-        if hijacks(name) {
-            a.out
-                .unknowable(format!("{name} is set, which changes what programs run"));
-        }
-    }
-    a.out
+    w.settle();
+    w.out
 }
 
-/// Whether setting variable `name` can make a shell or the loader run
-/// code the command line does not show.
-pub fn hijacks(name: &str) -> bool {
-    HIJACKING_ENV.contains(&name) || name.starts_with("BASH_FUNC_")
-}
-
-/// Variables that make a shell or the loader run other code.
-const HIJACKING_ENV: &[&str] = &[
-    "BASH_ENV",
-    "ENV",
-    "LD_PRELOAD",
-    "LD_AUDIT",
-    "SHELLOPTS",
-    "BASHOPTS",
-    "PS4",
-];
-
-/// Shell builtins that run nothing else.
+/// Shell builtins that run nothing else (the ones that do are handled in
+/// [`builtins`]).
 pub const PLAIN_BUILTINS: &[&str] = &[
-    "cd", "pwd", "echo", "printf", "true", "false", ":", "test", "[", "export", "unset", "set",
-    "shift", "exit", "return", "read", "wait", "local", "readonly", "declare", "typeset", "type",
-    "getopts", "break", "continue", "times", "umask", "let", "shopt", "jobs",
+    "cd",
+    "pwd",
+    "echo",
+    "printf",
+    "true",
+    "false",
+    ":",
+    "test",
+    "[",
+    "[[",
+    "export",
+    "unset",
+    "set",
+    "shift",
+    "exit",
+    "return",
+    "read",
+    "wait",
+    "local",
+    "readonly",
+    "declare",
+    "typeset",
+    "type",
+    "getopts",
+    "break",
+    "continue",
+    "times",
+    "umask",
+    "let",
+    "shopt",
+    "jobs",
+    "mapfile",
+    "readarray",
+    "compgen",
+    "complete",
+    "compopt",
+    "dirs",
+    "pushd",
+    "popd",
+    "ulimit",
+    "logout",
+    "help",
+    "caller",
+    "disown",
+    "unalias",
+    "history",
+    "bg",
+    "fg",
+    "suspend",
 ];
 
+/// Shells whose language byomd's parser speaks.
 const SHELLS: &[&str] = &[
-    "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "yash",
+    "sh", "bash", "dash", "ksh", "mksh", "ash", "yash", "hush", "posh", "rbash", "lksh", "oksh",
+    "pdksh",
 ];
 
-/// How a wrapper's options read.
-struct Spec {
-    /// Short options that take a value.
-    short_values: &'static str,
-    /// Short options that do not.
-    short_flags: &'static str,
-    long_values: &'static [&'static str],
-    long_flags: &'static [&'static str],
-    /// Words between the options and the command (timeout's DURATION).
-    positionals: usize,
-    /// `NAME=value` words before the command set its environment.
-    assignments: bool,
-    /// `-5`-style numeric options (nice).
-    digits: bool,
+/// Shells whose language it does not (`fish -c 's\x75'` runs su): what
+/// they are given to run is unknowable.
+const OTHER_SHELLS: &[&str] = &[
+    "zsh", "fish", "csh", "tcsh", "nu", "xonsh", "pwsh", "elvish", "rc", "es", "ksh93", "zsh5",
+];
+
+/// The line's functions, for commands that are not in a line.
+static NO_FUNCTIONS: BTreeSet<String> = BTreeSet::new();
+
+/// How one command runs: what started it, how deep in other commands, the
+/// functions its line defines, and its redirections (a shell reading its
+/// input reads what they give it).
+#[derive(Debug, Clone)]
+struct Ctx<'a> {
+    via: Vec<String>,
+    depth: usize,
+    functions: &'a BTreeSet<String>,
+    redirects: &'a [Redirect],
 }
 
-const NONE: Spec = Spec {
-    short_values: "",
-    short_flags: "",
-    long_values: &[],
-    long_flags: &[],
-    positionals: 0,
-    assignments: false,
-    digits: false,
-};
-
-fn spec(name: &str) -> Option<Spec> {
-    Some(match name {
-        "env" => Spec {
-            short_values: "uCS",
-            short_flags: "i0v",
-            long_values: &["unset", "chdir", "split-string"],
-            long_flags: &[
-                "ignore-environment",
-                "null",
-                "debug",
-                "list-signal-handling",
-                "default-signal",
-                "ignore-signal",
-                "block-signal",
-            ],
-            assignments: true,
-            ..NONE
-        },
-        "nice" => Spec {
-            short_values: "n",
-            long_values: &["adjustment"],
-            digits: true,
-            ..NONE
-        },
-        "nohup" | "builtin" => NONE,
-        "timeout" => Spec {
-            short_values: "sk",
-            short_flags: "fv",
-            long_values: &["signal", "kill-after"],
-            long_flags: &["preserve-status", "foreground", "verbose"],
-            positionals: 1,
-            ..NONE
-        },
-        "stdbuf" => Spec {
-            short_values: "ioe",
-            long_values: &["input", "output", "error"],
-            ..NONE
-        },
-        "setsid" => Spec {
-            short_flags: "cfw",
-            long_flags: &["ctty", "fork", "wait"],
-            ..NONE
-        },
-        "ionice" => Spec {
-            short_values: "cnpPu",
-            short_flags: "t",
-            long_values: &["class", "classdata", "pid", "pgid", "uid"],
-            long_flags: &["ignore"],
-            ..NONE
-        },
-        "taskset" => Spec {
-            short_flags: "acp",
-            long_flags: &["all-tasks", "cpu-list", "pid"],
-            positionals: 1,
-            ..NONE
-        },
-        "chrt" => Spec {
-            short_values: "TPD",
-            short_flags: "bdfioramRpv",
-            long_values: &["sched-runtime", "sched-period", "sched-deadline"],
-            long_flags: &[
-                "batch",
-                "deadline",
-                "fifo",
-                "idle",
-                "other",
-                "rr",
-                "all-tasks",
-                "max",
-                "pid",
-                "reset-on-fork",
-                "verbose",
-            ],
-            positionals: 1,
-            ..NONE
-        },
-        "time" => Spec {
-            short_values: "fo",
-            short_flags: "pavq",
-            long_values: &["format", "output"],
-            long_flags: &["portability", "append", "verbose", "quiet"],
-            ..NONE
-        },
-        "exec" => Spec {
-            short_values: "a",
-            short_flags: "cl",
-            ..NONE
-        },
-        "command" => Spec {
-            short_flags: "pvV",
-            ..NONE
-        },
-        "chroot" => Spec {
-            long_values: &["userspec", "groups"],
-            long_flags: &["skip-chdir"],
-            positionals: 1,
-            ..NONE
-        },
-        "sudo" => Spec {
-            short_values: "ugCDprtTUR",
-            short_flags: "AbEeHiKklnPSsVvBN",
-            long_values: &[
-                "user",
-                "group",
-                "close-from",
-                "chdir",
-                "prompt",
-                "role",
-                "type",
-                "command-timeout",
-                "other-user",
-                "chroot",
-                "host",
-            ],
-            long_flags: &[
-                "askpass",
-                "background",
-                "preserve-env",
-                "edit",
-                "set-home",
-                "login",
-                "reset-timestamp",
-                "remove-timestamp",
-                "list",
-                "non-interactive",
-                "preserve-groups",
-                "stdin",
-                "shell",
-                "validate",
-                "bell",
-                "no-update",
-            ],
-            assignments: true,
-            ..NONE
-        },
-        "doas" => Spec {
-            short_values: "uC",
-            short_flags: "nsL",
-            ..NONE
-        },
-        "xargs" => Spec {
-            short_values: "adEILnPs",
-            short_flags: "0rtpxoeil",
-            long_values: &[
-                "arg-file",
-                "delimiter",
-                "eof",
-                "max-lines",
-                "max-args",
-                "max-procs",
-                "max-chars",
-                "process-slot-var",
-            ],
-            long_flags: &[
-                "null",
-                "no-run-if-empty",
-                "verbose",
-                "interactive",
-                "exit",
-                "open-tty",
-                "show-limits",
-                "replace",
-            ],
-            ..NONE
-        },
-        "watch" => Spec {
-            short_values: "nq",
-            short_flags: "bcdegptwxr",
-            long_values: &["interval", "equexit"],
-            long_flags: &[
-                "beep",
-                "color",
-                "no-color",
-                "differences",
-                "errexit",
-                "chgexit",
-                "precise",
-                "no-title",
-                "no-wrap",
-                "exec",
-                "no-rerun",
-            ],
-            ..NONE
-        },
-        "flock" => Spec {
-            short_values: "wEc",
-            short_flags: "sxeunoF",
-            long_values: &["timeout", "wait", "conflict-exit-code", "command"],
-            long_flags: &[
-                "shared",
-                "exclusive",
-                "unlock",
-                "nonblock",
-                "nb",
-                "close",
-                "no-fork",
-                "verbose",
-            ],
-            positionals: 1,
-            ..NONE
-        },
-        _ => return None,
-    })
-}
-
-/// A wrapper's options as read: (option name, its value).
-type Opts = Vec<(String, Option<Arg>)>;
-
-/// Reads a wrapper's options, assignments and positionals; returns them
-/// and the index of the command it runs. Err: a word that makes what it
-/// runs unknowable (an unknown option, a dynamic word).
-fn read_options(
-    sp: &Spec,
-    args: &[Arg],
-    assigned: &mut BTreeSet<String>,
-) -> Result<(Opts, usize), String> {
-    let mut opts = Opts::new();
-    let mut i = 0;
-    let mut positionals = 0;
-    while i < args.len() {
-        let Some(w) = args[i].literal() else {
-            return Err(format!(
-                "the word {:?} is only known when it runs",
-                args[i].shown()
-            ));
-        };
-        if positionals == 0 && w == "--" {
-            i += 1;
-            // Only positionals and the command follow.
-            while positionals < sp.positionals && i < args.len() {
-                positionals += 1;
-                i += 1;
-            }
-            return Ok((opts, i));
+impl<'a> Ctx<'a> {
+    fn top(redirects: &'a [Redirect]) -> Ctx<'a> {
+        Ctx {
+            via: Vec::new(),
+            depth: 0,
+            functions: &NO_FUNCTIONS,
+            redirects,
         }
-        if positionals == 0 && w.starts_with("--") && w.len() > 2 {
-            let (name, value) = match w[2..].split_once('=') {
-                Some((n, v)) => (n.to_string(), Some(Arg::lit(v))),
-                None => (w[2..].to_string(), None),
-            };
-            if sp.long_values.contains(&name.as_str()) {
-                let value = match value {
-                    Some(v) => v,
-                    None => {
-                        i += 1;
-                        args.get(i).cloned().unwrap_or_default()
-                    }
-                };
-                opts.push((name, Some(value)));
-            } else if sp.long_flags.contains(&name.as_str()) {
-                opts.push((name, value));
-            } else {
-                return Err(format!("unknown option --{name}"));
-            }
-            i += 1;
-            continue;
-        }
-        if positionals == 0 && w.starts_with('-') && w.len() > 1 {
-            let letters: Vec<char> = w[1..].chars().collect();
-            if sp.digits && letters.iter().all(char::is_ascii_digit) {
-                i += 1;
-                continue;
-            }
-            let mut k = 0;
-            while k < letters.len() {
-                let c = letters[k];
-                if sp.short_values.contains(c) {
-                    let rest: String = letters[k + 1..].iter().collect();
-                    let value = if rest.is_empty() {
-                        i += 1;
-                        args.get(i).cloned().unwrap_or_default()
-                    } else {
-                        Arg::lit(rest)
-                    };
-                    opts.push((c.to_string(), Some(value)));
-                    break;
-                } else if sp.short_flags.contains(c) {
-                    opts.push((c.to_string(), None));
-                } else {
-                    return Err(format!("unknown option -{c}"));
-                }
-                k += 1;
-            }
-            i += 1;
-            continue;
-        }
-        if w == "-" && sp.assignments {
-            // `env -`: like -i.
-            i += 1;
-            continue;
-        }
-        if sp.assignments && positionals == 0 {
-            if let Some((name, _)) = w.split_once('=') {
-                if !name.is_empty() {
-                    assigned.insert(name.to_string());
-                    i += 1;
-                    continue;
-                }
-            }
-        }
-        if positionals < sp.positionals {
-            positionals += 1;
-            i += 1;
-            continue;
-        }
-        return Ok((opts, i));
     }
-    Ok((opts, i))
-}
 
-fn has(opts: &Opts, names: &[&str]) -> bool {
-    opts.iter().any(|(n, _)| names.contains(&n.as_str()))
-}
-
-fn value<'a>(opts: &'a Opts, names: &[&str]) -> Option<&'a Arg> {
-    opts.iter()
-        .rev()
-        .find(|(n, _)| names.contains(&n.as_str()))
-        .and_then(|(_, v)| v.as_ref())
+    /// For what `what` runs: one level deeper, where the line's functions
+    /// are not (`env f` runs a program `f`), with the same input.
+    fn inner(&self, what: &str) -> Ctx<'a> {
+        let mut via = self.via.clone();
+        via.push(what.to_string());
+        Ctx {
+            via,
+            depth: self.depth + 1,
+            functions: &NO_FUNCTIONS,
+            redirects: self.redirects,
+        }
+    }
 }
 
 /// The words joined as a shell would see them, if all are known.
@@ -468,41 +252,97 @@ fn joined(words: &[Arg]) -> Option<String> {
         .map(|w| w.join(" "))
 }
 
-/// Words a program fills in at run time (`{}` of find and xargs).
-fn placeholders(words: &[Arg], marker: &str) -> Vec<Arg> {
-    words
-        .iter()
-        .map(|w| {
-            if w.known().contains(marker) {
-                Arg::dynamic()
-            } else {
-                w.clone()
-            }
-        })
-        .collect()
+/// The descriptor a path reads (`/dev/stdin` → 0, `/dev/fd/3`,
+/// `/proc/self/fd/3`, also reached by `../../dev/stdin`), and whether it
+/// is some other device or process file (`/dev/tcp/…`, `/proc/…`).
+fn descriptor(path: &str) -> (Option<i32>, bool) {
+    let n = super::rules::normalize(path);
+    let climbs = n.starts_with('/') || n.starts_with("..");
+    let rest = n.trim_start_matches(['/', '.']);
+    let parts: Vec<&str> = rest.split('/').collect();
+    let fd = match parts.as_slice() {
+        ["dev", "stdin"] => Some(0),
+        ["dev", "fd", n] => n.parse().ok(),
+        ["proc", _, "fd", n] => n.parse().ok(),
+        _ => None,
+    };
+    let device = climbs && matches!(parts.first(), Some(&"dev") | Some(&"proc"));
+    (fd, device)
 }
+
+/// Most lines parsed for one command (each `sh -c`, `eval`, alias, find's
+/// `{}` …): past it, what it runs is unknowable, not slow.
+const MAX_PARSES: usize = 1_000;
 
 struct Walk {
     out: Analysis,
     home: Option<String>,
+    /// Lines parsed so far.
+    parses: usize,
 }
 
 impl Walk {
-    fn script(&mut self, text: &str, via: Vec<String>, depth: usize) {
+    /// Variables the command sets: some make it unknowable, some only
+    /// matter to an allow-list.
+    fn settle(&mut self) {
+        for name in self.out.assigned.clone() {
+            if hijacks(&name) {
+                self.out
+                    .unknowable(format!("{name} is set, which changes what programs run"));
+            } else if relocates(&name) {
+                self.out.relocate(format!(
+                    "{name} is set, which changes which files names run or what they load"
+                ));
+            }
+        }
+    }
+
+    fn script(&mut self, text: &str, cx: &Ctx) {
+        self.parses += 1;
+        if self.parses > MAX_PARSES {
+            self.out
+                .unknowable(format!("more than {MAX_PARSES} lines within one command"));
+            return;
+        }
         // Its depth limit is the parser's.
-        let s = shell::parse(text, self.home.as_deref(), depth);
+        let s = shell::parse(text, self.home.as_deref(), cx.depth);
         for u in s.unknown {
             self.out.unknowable(u);
         }
         self.out.assigned.extend(s.assigned);
-        for c in s.commands {
-            self.words(c.words, via.clone(), depth, &s.functions);
+        self.out.writes.extend(s.writes);
+        if s.arith_vars {
+            self.out.relocate(
+                "arithmetic evaluates variables, whose values may assign any other (PATH…)",
+            );
+        }
+        for c in &s.commands {
+            for (name, value) in &c.assigns {
+                self.assignment(name, value, cx);
+            }
+            let inner = Ctx {
+                via: cx.via.clone(),
+                depth: cx.depth,
+                functions: &s.functions,
+                redirects: &c.redirects,
+            };
+            self.words(c.words.clone(), inner);
         }
     }
 
-    fn sub_script(&mut self, script: &Arg, via: Vec<String>, depth: usize, what: &str) {
+    /// `NAME=value` for what runs: a value that is a command line (a
+    /// pager, an editor) is analysed as one.
+    fn assignment(&mut self, name: &str, value: &Arg, cx: &Ctx) {
+        self.out.assigned.insert(name.to_string());
+        if vars::runs_value(name) {
+            self.sub_script(value, cx, &format!("{name}="));
+        }
+    }
+
+    /// A line given as one word (`sh -c WORD`, `trap WORD`).
+    fn sub_script(&mut self, script: &Arg, cx: &Ctx, what: &str) {
         match script.literal() {
-            Some(s) => self.script(&s, via, depth + 1),
+            Some(s) => self.script(&s, &cx.inner(what)),
             None => self.out.unknowable(format!(
                 "{what} runs a line only known when it runs ({})",
                 script.shown()
@@ -510,13 +350,29 @@ impl Walk {
         }
     }
 
-    fn push(&mut self, argv: &[Arg], via: &[String], builtin: bool) {
+    /// A line given as words joined by spaces (`eval A B`, `watch A B`).
+    fn joined_script(&mut self, words: &[Arg], cx: &Ctx, what: &str) {
+        match joined(words) {
+            Some(s) => self.script(&s, &cx.inner(what)),
+            None => self
+                .out
+                .unknowable(format!("{what} runs text only known when it runs")),
+        }
+    }
+
+    fn push(&mut self, argv: &[Arg], cx: &Ctx, builtin: bool, function: bool) {
+        self.push_exec(Exec {
+            argv: argv.to_vec(),
+            via: cx.via.clone(),
+            builtin,
+            function,
+            implied: false,
+        });
+    }
+
+    fn push_exec(&mut self, e: Exec) {
         if self.out.execs.len() < shell::MAX_COMMANDS {
-            self.out.execs.push(Exec {
-                argv: argv.to_vec(),
-                via: via.to_vec(),
-                builtin,
-            });
+            self.out.execs.push(e);
         } else {
             self.out.unknowable(format!(
                 "more than {} programs in one command",
@@ -525,15 +381,9 @@ impl Walk {
         }
     }
 
-    /// One command's words: the program, then (for wrappers and shells)
-    /// what it runs in turn.
-    fn words(
-        &mut self,
-        words: Vec<Arg>,
-        mut via: Vec<String>,
-        depth: usize,
-        functions: &BTreeSet<String>,
-    ) {
+    /// One command's words: the program, then (for builtins, shells and
+    /// wrappers) what it runs in turn.
+    fn words(&mut self, words: Vec<Arg>, cx: Ctx) {
         let Some(first) = words.first() else {
             return;
         };
@@ -542,161 +392,43 @@ impl Walk {
                 "the program name {:?} is only known when it runs",
                 first.shown()
             ));
-            self.push(&words, &via, false);
+            self.push(&words, &cx, false, false);
             return;
         };
-        if depth > MAX_DEPTH {
+        if cx.depth > MAX_DEPTH {
             self.out
                 .unknowable(format!("commands nested more than {MAX_DEPTH} levels deep"));
             return;
         }
         let name = base(&program).to_string();
-        let args = &words[1..];
-        if functions.contains(&program) {
-            // Its body is in the line and was analysed there.
-            self.push(&words, &via, true);
+        let function = cx.functions.contains(&program);
+        // A builtin is found by its bare name only (`/bin/echo` is a file).
+        let bare = !program.contains('/');
+        if bare && self.builtin(&name, &words, &cx, function) {
             return;
         }
-        match name.as_str() {
-            "eval" => {
-                self.push(&words, &via, true);
-                via.push("eval".into());
-                match joined(args) {
-                    Some(s) => self.script(&s, via, depth + 1),
-                    None => self.out.unknowable("eval of text only known when it runs"),
-                }
-                return;
-            }
-            "trap" => {
-                self.push(&words, &via, true);
-                if let Some(action) = args.first() {
-                    if args.len() > 1 && !action.known().starts_with('-') {
-                        via.push("trap".into());
-                        self.sub_script(action, via, depth, "trap");
-                    }
-                }
-                return;
-            }
-            // A file's commands are like a program's: not read here (the
-            // policy file says so), and not unknowable either.
-            "." | "source" => {
-                self.push(&words, &via, true);
-                return;
-            }
-            "alias" | "enable" | "fc" | "hash" if !args.is_empty() => {
-                self.push(&words, &via, true);
-                self.out
-                    .unknowable(format!("`{name}` changes what names run"));
-                return;
-            }
-            "cd" | "pushd" | "popd" => self.out.changes_dir = true,
-            _ => {}
-        }
-        // `exec`, `command` and `builtin` are the shell's own; what they
-        // start is judged below.
-        let plain = (PLAIN_BUILTINS.contains(&name.as_str())
-            || matches!(name.as_str(), "exec" | "command" | "builtin"))
-            && !program.contains('/');
-        self.push(&words, &via, plain);
-        if SHELLS.contains(&name.as_str()) {
-            via.push(format!("{name} -c"));
-            self.shell(&name, args, via, depth);
-            return;
-        }
-        match name.as_str() {
-            "busybox" => {
-                if let Some(applet) = args.first().and_then(Arg::literal) {
-                    if !applet.starts_with('-') {
-                        via.push("busybox".into());
-                        self.words(args.to_vec(), via, depth + 1, &BTreeSet::new());
-                    }
-                }
-            }
-            "find" => self.find(args, via, depth),
-            "su" | "runuser" => self.su(&name, args, via, depth),
-            _ => {
-                if let Some(sp) = spec(&name) {
-                    self.wrapper(&name, &sp, args, via, depth);
-                }
-            }
-        }
-    }
-
-    fn wrapper(&mut self, name: &str, sp: &Spec, args: &[Arg], mut via: Vec<String>, depth: usize) {
-        let (opts, at) = match read_options(sp, args, &mut self.out.assigned) {
-            Ok(r) => r,
-            Err(why) => {
-                self.out
-                    .unknowable(format!("cannot tell what `{name}` runs: {why}"));
-                return;
-            }
-        };
-        let mut inner = args[at..].to_vec();
-        via.push(name.to_string());
-        match name {
-            "env" if has(&opts, &["S", "split-string"]) => {
-                self.out
-                    .unknowable("`env -S` splits a string into a command");
-                return;
-            }
-            "env" if has(&opts, &["C", "chdir"]) => self.out.changes_dir = true,
-            "command" if has(&opts, &["v", "V"]) => return,
-            "ionice" if has(&opts, &["p", "P", "u", "pid", "pgid", "uid"]) => return,
-            "taskset" | "chrt" if has(&opts, &["p", "pid", "m", "max"]) => return,
-            "sudo"
-                if has(
-                    &opts,
-                    &["e", "edit", "l", "list", "v", "validate", "V", "k", "K"],
-                ) =>
-            {
-                return
-            }
-            "sudo" | "doas" if has(&opts, &["s", "shell", "i", "login"]) => {
-                if !inner.is_empty() {
-                    match joined(&inner) {
-                        Some(s) => self.script(&s, via, depth + 1),
-                        None => self
-                            .out
-                            .unknowable(format!("`{name} -s` runs a line only known when it runs")),
-                    }
-                }
-                return;
-            }
-            "xargs" => {
-                let replace = value(&opts, &["I"])
-                    .and_then(Arg::literal)
-                    .or_else(|| has(&opts, &["i", "replace"]).then(|| "{}".to_string()));
-                if let Some(r) = replace {
-                    inner = placeholders(&inner, &r);
-                }
-                if inner.is_empty() {
-                    inner = vec![Arg::lit("echo")];
-                }
-            }
-            "watch" if !has(&opts, &["x", "exec"]) => {
-                match joined(&inner) {
-                    Some(s) => self.script(&s, via, depth + 1),
-                    None => self
-                        .out
-                        .unknowable("`watch` runs a line only known when it runs"),
-                }
-                return;
-            }
-            "flock" => {
-                if let Some(script) = value(&opts, &["c", "command"]).cloned() {
-                    self.sub_script(&script, via, depth, "flock -c");
-                    return;
-                }
-            }
-            _ => {}
-        }
-        if !inner.is_empty() {
-            self.words(inner, via, depth + 1, &BTreeSet::new());
-        }
+        let plain = bare
+            && (PLAIN_BUILTINS.contains(&name.as_str())
+                || matches!(name.as_str(), "exec" | "command" | "builtin"));
+        self.push(&words, &cx, plain, function);
+        self.runs(&name, &words[1..], &cx);
     }
 
     /// `sh -c SCRIPT`, or a shell reading a file or its input.
-    fn shell(&mut self, name: &str, args: &[Arg], via: Vec<String>, depth: usize) {
+    fn shell(&mut self, name: &str, args: &[Arg], cx: &Ctx) {
+        let cx = &cx.inner(name);
+        if OTHER_SHELLS.contains(&name) {
+            // Only a script file is like any program.
+            match args {
+                [f, ..] if f.literal().is_some_and(|f| !f.starts_with(['-', '+'])) => {
+                    self.code_from_file(f, cx, name)
+                }
+                _ => self.out.unknowable(format!(
+                    "{name} runs a line in a language byomd does not parse"
+                )),
+            }
+            return;
+        }
         let mut c = false;
         let mut stdin = false;
         let mut i = 0;
@@ -718,12 +450,9 @@ impl Walk {
                 continue;
             }
             if (w.starts_with('-') || w.starts_with('+')) && w.len() > 1 {
-                if w[1..].contains('c') {
-                    c = true;
-                }
-                if w.starts_with('-') && w[1..].contains('s') {
-                    stdin = true;
-                }
+                c |= w[1..].contains('c');
+                // `-s` and `-i` read commands from the input.
+                stdin |= w.starts_with('-') && w[1..].contains(['s', 'i']);
                 if w[1..].contains(['o', 'O']) {
                     i += 1;
                 }
@@ -732,75 +461,54 @@ impl Walk {
             }
             break;
         }
-        if stdin && !c {
-            self.out
-                .unknowable(format!("{name} -s reads commands from its input"));
-            return;
-        }
         match (c, args.get(i)) {
-            (true, Some(script)) => self.sub_script(script, via, depth, &format!("{name} -c")),
+            (true, Some(script)) => self.sub_script(script, cx, &format!("{name} -c")),
             (true, None) => {}
-            // A script file is like any program: its name is known.
-            (false, Some(f)) if !f.is_dynamic() => {}
-            (false, Some(f)) => self.out.unknowable(format!(
-                "{name} runs a script file only known when it runs ({})",
-                f.shown()
-            )),
-            // `… | sh`: the commands are whatever comes in, like eval.
-            (false, None) => self
+            (false, Some(f)) if !stdin => self.code_from_file(f, cx, name),
+            // `… | sh`: the commands are whatever comes in.
+            (false, _) => self.code_from_fd(0, cx, name),
+        }
+    }
+
+    /// A shell (or `.`) running the commands of `file`: a file on disk is
+    /// like any program (not read here); a descriptor is what the
+    /// redirections put there; anything else is unknowable.
+    fn code_from_file(&mut self, file: &Arg, cx: &Ctx, what: &str) {
+        let Some(path) = file.literal() else {
+            self.out.unknowable(format!(
+                "{what} runs a file only known when it runs ({})",
+                file.shown()
+            ));
+            return;
+        };
+        match descriptor(&path) {
+            (Some(fd), _) => self.code_from_fd(fd, cx, what),
+            (None, true) => self
                 .out
-                .unknowable(format!("{name} reads commands from its input")),
+                .unknowable(format!("{what} runs commands from {path}")),
+            (None, false) => self.out.scripts.push(file.clone()),
         }
     }
 
-    /// `find … -exec CMD … ;` (and -execdir, -ok, -okdir).
-    fn find(&mut self, args: &[Arg], mut via: Vec<String>, depth: usize) {
-        via.push("find -exec".into());
-        let mut i = 0;
-        while i < args.len() {
-            let w = args[i].literal();
-            if matches!(w.as_deref(), Some("-exec" | "-execdir" | "-ok" | "-okdir")) {
-                let start = i + 1;
-                let mut end = start;
-                while end < args.len() && !matches!(args[end].literal().as_deref(), Some(";" | "+"))
-                {
-                    end += 1;
-                }
-                let inner = placeholders(&args[start..end], "{}");
-                self.words(inner, via.clone(), depth + 1, &BTreeSet::new());
-                i = end;
-            }
-            i += 1;
-        }
-    }
-
-    /// `su [user] -c SCRIPT` (options may follow the user).
-    fn su(&mut self, name: &str, args: &[Arg], mut via: Vec<String>, depth: usize) {
-        via.push(format!("{name} -c"));
-        let mut i = 0;
-        while i < args.len() {
-            let w = args[i].known();
-            if args[i].parts.iter().all(|p| *p == Part::Dyn) {
-                self.out
-                    .unknowable(format!("{name} is given a word only known when it runs"));
-            }
-            let script = if w == "-c" || w == "--command" || w == "--session-command" {
-                i += 1;
-                args.get(i).cloned()
-            } else if let Some(v) = w
-                .strip_prefix("--command=")
-                .or_else(|| w.strip_prefix("--session-command="))
-            {
-                Some(Arg::lit(v))
-            } else if w.starts_with("-c") && w.len() > 2 && args[i].literal().is_some() {
-                Some(Arg::lit(&w[2..]))
-            } else {
-                None
-            };
-            if let Some(s) = script {
-                self.sub_script(&s, via.clone(), depth, &format!("{name} -c"));
-            }
-            i += 1;
+    /// A shell running what descriptor `fd` gives it: a here-document or
+    /// here-string known now is analysed; anything else (a pipe, the
+    /// request's input, a process substitution) is unknowable.
+    fn code_from_fd(&mut self, fd: i32, cx: &Ctx, what: &str) {
+        let from = cx.redirects.iter().rev().find(|r| r.fd() == fd);
+        match from {
+            Some(Redirect::Text(_, text)) => match text.literal() {
+                Some(t) => self.script(&t, &cx.inner(&format!("{what} <<"))),
+                None => self.out.unknowable(format!(
+                    "{what} runs a here-document only known when it runs"
+                )),
+            },
+            Some(Redirect::Read(_, file))
+                if file
+                    .literal()
+                    .is_some_and(|f| descriptor(&f) == (None, false)) => {}
+            _ => self
+                .out
+                .unknowable(format!("{what} reads commands from its input")),
         }
     }
 }
@@ -824,34 +532,36 @@ mod tests {
 
     #[test]
     fn wrappers_are_seen_through() {
+        // (A bare `su` would start a shell reading its input: `reboot`
+        // stands for a program that runs nothing else.)
         let cases: &[(&str, &[&str])] = &[
             ("env -u B A=1 su -c id", &["env", "su", "id"]),
             (
-                "nice -n 5 nohup timeout -s KILL 10 su",
-                &["nice", "nohup", "timeout", "su"],
+                "nice -n 5 nohup timeout -s KILL 10 reboot",
+                &["nice", "nohup", "timeout", "reboot"],
             ),
-            ("nice -5 su", &["nice", "su"]),
+            ("nice -5 reboot", &["nice", "reboot"]),
             (
                 "find / -maxdepth 0 -exec su -c id ';'",
                 &["find", "su", "id"],
             ),
-            ("busybox su", &["busybox", "su"]),
-            ("sudo -u root -- doas su", &["sudo", "doas", "su"]),
-            ("xargs -n1 su", &["xargs", "su"]),
+            ("busybox reboot", &["busybox", "reboot"]),
+            ("sudo -u root -- doas reboot", &["sudo", "doas", "reboot"]),
+            ("xargs -n1 reboot", &["xargs", "reboot"]),
             (
-                "stdbuf -oL setsid -f ionice -c3 chrt 5 taskset 3 su",
-                &["stdbuf", "setsid", "ionice", "chrt", "taskset", "su"],
+                "stdbuf -oL setsid -f ionice -c3 chrt 5 taskset 3 reboot",
+                &["stdbuf", "setsid", "ionice", "chrt", "taskset", "reboot"],
             ),
             (
-                "command su; exec su; builtin echo",
-                &["command", "su", "exec", "su", "builtin", "echo"],
+                "command reboot; exec reboot; builtin echo",
+                &["command", "reboot", "exec", "reboot", "builtin", "echo"],
             ),
-            ("sh -c 'bash -ec \"su\"'", &["sh", "bash", "su"]),
+            ("sh -c 'bash -ec \"reboot\"'", &["sh", "bash", "reboot"]),
             ("eval \"s\"\"u -c id\"", &["eval", "su", "id"]),
-            ("trap 'su' EXIT", &["trap", "su"]),
+            ("trap 'reboot' EXIT", &["trap", "reboot"]),
             ("watch -n1 su -c id", &["watch", "su", "id"]),
-            ("flock /tmp/l su", &["flock", "su"]),
-            ("flock -c 'su' /tmp/l", &["flock", "su"]),
+            ("flock /tmp/l reboot", &["flock", "reboot"]),
+            ("flock /tmp/l -c 'reboot'", &["flock", "reboot"]),
             ("su root -c 'reboot'", &["su", "reboot"]),
         ];
         for (line, want) in cases {
@@ -897,10 +607,12 @@ mod tests {
     #[test]
     fn functions_and_builtins() {
         let a = sh("f() { ls; }; f; cd /tmp; echo hi");
+        // A function call is the function, or the program if the function
+        // is not defined yet when it runs: judged as both.
         let builtin: Vec<(String, bool)> = a
             .execs
             .iter()
-            .map(|e| (e.name().unwrap_or_default(), e.builtin))
+            .map(|e| (e.name().unwrap_or_default(), e.builtin || e.function))
             .collect();
         assert_eq!(
             builtin,
@@ -908,6 +620,7 @@ mod tests {
                 .map(|(a, b)| (a.to_string(), b))
                 .to_vec()
         );
+        assert!(a.execs[1].function && !a.execs[1].builtin);
         assert!(a.changes_dir);
     }
 }

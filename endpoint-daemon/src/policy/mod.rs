@@ -20,6 +20,7 @@
 
 pub mod analysis;
 pub mod rules;
+pub mod sandbox;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -44,11 +45,19 @@ pub const DEFAULT_POLICY: &str = r#"# byomd local policy. The byom server cannot
 # would happen to a command, exactly as byomd would decide it.
 #
 # Rules look at commands as a shell runs them: quotes and escapes removed,
-# every program of a line (`a; b && c | d $(e)`), and through `sh -c`, `eval`,
-# `env`, `nice`, `nohup`, `timeout`, `xargs`, `find -exec`, `busybox APPLET`,
-# `sudo`, `doas`, `su -c`, `watch`, `flock`. A program whose name is only
-# known when the command runs (`$x`, `$(…)`, `eval "$y"`, `… | sh`) counts
-# as denied while any deny rule exists here, else it waits for your approval.
+# every program of a line (`a; b && c | d $(e)`, functions, traps), through
+# shells (`sh -c`, `eval`, a here-document fed to `sh`), git's aliases and
+# configuration, and programs that run their arguments (`env`, `nice`,
+# `timeout`, `xargs`, `find -exec`, `busybox APPLET`, `sudo`, `su -c`,
+# `flock`, `chroot`, `strace`, `npx`, …). What is only known when the command
+# runs counts as matching the strictest rule: denied while any deny or allow
+# rule exists here, else it waits for your approval. That is: a program name
+# built from a variable (`$x`, `$(…)`, `eval "$y"`), a script read from a pipe
+# or a process substitution (`… | sh`, `source <(…)`, `sh /dev/stdin`), a
+# variable that makes a shell, the loader or git run other code (BASH_ENV,
+# LD_PRELOAD, GIT_CONFIG_*), and for `deny_patterns` and `confirm` an operand
+# or subcommand only known then (`rm -rf "$X"`, `rm -rf *` after `cd`, a git
+# alias).
 #
 # A deny list is a guard against accidents, not a security boundary: an
 # interpreter (`python3 -c`, `perl -e`, `node -e`), a copy or a symlink of a
@@ -61,7 +70,11 @@ pub const DEFAULT_POLICY: &str = r#"# byomd local policy. The byom server cannot
 # Allow-list mode: when not empty, only these programs run (names found on
 # byomd's PATH, or absolute paths), each checked on the file it resolves to,
 # so a copy or symlink named like an allowed program does not pass. Shell
-# builtins such as cd, echo and test need no entry.
+# builtins such as cd, echo and test need no entry. In this mode these are
+# unknown too (so denied): a sourced file (`. FILE`), a variable that changes
+# which file a name runs or what it loads (PATH, LD_LIBRARY_PATH, IFS,
+# NODE_OPTIONS, PYTHONPATH, …), a git subcommand that may be an alias, and a
+# line that may write the file it then runs (`cp x ~/bin/tool; tool`).
 allow = []
 # Programs that never run, by name (glob), wherever they appear in a command.
 deny = ["sudo", "su", "doas", "pkexec", "passwd", "visudo", "chsh", "shutdown", "reboot"]
@@ -124,6 +137,45 @@ max_concurrency = 8
 # whoever runs the server could ship one that does not: turn this on only if
 # you trust them as much as the binary you run now.
 auto_upgrade = false
+
+[sandbox]
+# Every command (an agent's or an admin's) runs in an OS sandbox that it and
+# everything it starts cannot leave: the boundary beneath the guard above.
+# byomd's own files (this file, its identity and key, secrets, approvals,
+# the audit log, the pause switch) are out of every command's reach; a
+# command's background processes end with it. `byomd sandbox check -- CMD`
+# shows what a command may touch; `byomd doctor` whether this kernel gives
+# the whole sandbox. The server cannot widen any of this.
+enabled = true
+# Refuse to run commands when the kernel cannot give the whole sandbox.
+required = false
+# Where commands may write. Unset (the default): dirs.roots, the command's
+# working directory and a private temp dir ($TMPDIR). Write {roots} and
+# {cwd} to keep those and add more, e.g. ["{roots}", "{cwd}", "/srv/data"].
+# write = ["{roots}", "{cwd}"]
+# Paths no command may read (nor write), whatever the write roots say: a
+# list you set replaces this one, so keep what you want of it. {runtime} is
+# your runtime dir (/run/user/UID): the session bus, through which
+# `systemd-run --user` would start programs outside any sandbox, and the
+# keyring and agent sockets. Any program that runs what whoever reaches
+# its socket asks (tmux, screen, an editor's server, a container engine)
+# is a way out of the sandbox: the list hides the common ones; add yours.
+# A * in the last part matches names there.
+deny_read = ["~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.config/gcloud", "~/.kube", "~/.docker", "~/.netrc", "~/.git-credentials", "~/.config/gh", "~/.password-store", "~/.local/share/keyrings", "~/Library/Keychains", "~/.mozilla", "~/.config/google-chrome", "~/.config/chromium", "~/.config/BraveSoftware", "~/Library/Application Support/Google/Chrome", "~/Library/Application Support/Firefox", "~/snap/firefox", "{runtime}", "/run/user", "/run/dbus", "/run/systemd/private", "/tmp/tmux-*", "/run/screen", "/tmp/screens", "/tmp/emacs*", "/tmp/.X11-unix", "/tmp/.ICE-unix", "/tmp/ssh-*", "/run/docker.sock", "/var/run/docker.sock", "/run/containerd", "/run/podman", "/run/libvirt", "/run/snapd.socket", "/run/snapd-snap.socket", "/var/snap/lxd/common/lxd"]
+# Paths commands may read but not change even under a write root: files
+# that run programs outside the sandbox later (shell startup files, user
+# services, git's configuration). byomd's own binary always is. A file
+# that does not exist yet cannot be protected this way.
+read_only = ["~/.bashrc", "~/.bash_profile", "~/.bash_login", "~/.bash_logout", "~/.profile", "~/.zshrc", "~/.zshenv", "~/.zprofile", "~/.zlogin", "~/.config/fish", "~/.pam_environment", "~/.xprofile", "~/.xsession", "~/.xinitrc", "~/.config/autostart", "~/.config/environment.d", "~/.config/systemd", "~/.local/share/systemd", "~/Library/LaunchAgents", "~/.gitconfig", "~/.config/git"]
+
+[sandbox.network]
+# Per origin: "allow", "deny" (a loopback of its own, nothing else), or a
+# list of TCP ports it may connect to, e.g. [443, 22] (UDP is not limited).
+# admin: `byom exec`; agent: agent tasks; untrusted: agent tasks that read
+# text from someone the server does not trust.
+admin = "allow"
+agent = "allow"
+untrusted = "deny"
 "#;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -200,6 +252,7 @@ pub struct PolicyFile {
     pub run: RunRules,
     pub limits: LimitRules,
     pub upgrade: UpgradeRules,
+    pub sandbox: sandbox::SandboxRules,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -396,6 +449,9 @@ impl Policy {
                 Some(r)
             }
         };
+        file.sandbox
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
         let own_scrub = scrubbed(&file.env.scrub, std::env::vars_os().map(|(k, _)| k));
         Ok(Policy {
             own_scrub,
@@ -499,6 +555,7 @@ impl Policy {
         if !c.confirm.is_empty() {
             parts.push(format!("{} patterns need local approval", c.confirm.len()));
         }
+        parts.push(self.file.sandbox.summary());
         let mut s = parts.join("; ");
         s.truncate(200);
         s
@@ -515,21 +572,36 @@ impl Policy {
         let file = self.path.display();
         let home = home();
         let home_text = home.as_ref().map(|h| h.to_string_lossy().into_owned());
-        let mut a = analyze(req.argv, req.shell, home_text.as_deref());
+        // A HOME in the request's environment is what `~` means to it.
+        let line_home = match req.env {
+            Some(env) if env.contains_key("HOME") => None,
+            _ => home_text.as_deref(),
+        };
+        let mut a = analyze(req.argv, req.shell, line_home);
         if let Some(env) = req.env {
-            for k in env.keys() {
-                if analysis::hijacks(k) {
-                    a.unknowable(format!("{k} is set, which changes what programs run"));
-                }
-                a.assigned.insert(k.clone());
+            for (k, v) in env {
+                a.add_env(k, v, line_home);
             }
         }
         let c = &self.file.commands;
         let roots = &self.file.dirs.roots;
         let deny = |rule: String| Ok(Decision::Deny { rule });
+        // Read now for the patterns' relative paths; refused below.
+        let dir = self.directory(req.cwd, home.as_deref());
+        let known_dir = match &dir {
+            Ok(Ok(d)) => Some(d.clone()),
+            _ => None,
+        };
+        let at = rules::Place {
+            home: home.as_deref(),
+            roots,
+            cwd: known_dir.as_deref(),
+            cwd_moves: a.changes_dir,
+        };
 
-        // Named programs, then patterns, anywhere in the command.
-        for e in &a.execs {
+        // Named programs, then patterns, anywhere in the command. What a
+        // program does (`find -delete`) is judged by patterns only.
+        for e in a.execs.iter().filter(|e| !e.implied) {
             if let (Some(name), Some(program)) = (e.name(), e.program()) {
                 let hit = c.deny.iter().find(|d| {
                     if d.contains('/') {
@@ -547,11 +619,7 @@ impl Policy {
             }
         }
         for e in &a.execs {
-            if let Some(p) = self
-                .deny_patterns
-                .iter()
-                .find(|p| p.matches(e, home.as_deref(), roots))
-            {
+            if let Some(p) = self.deny_patterns.iter().find(|p| p.matches(e, &at)) {
                 return deny(format!(
                     "commands.deny_patterns {:?} matches {} ({file})",
                     p.text,
@@ -559,8 +627,7 @@ impl Policy {
                 ));
             }
         }
-        let cwd = self.directory(req.cwd, home.as_deref())?;
-        let cwd = match cwd {
+        let cwd = match dir? {
             Ok(cwd) => cwd,
             Err(rule) => return deny(rule),
         };
@@ -648,7 +715,7 @@ impl Policy {
         if confirm.is_none() {
             'find: for e in &a.execs {
                 for p in &self.confirm {
-                    if p.matches(e, home.as_deref(), roots) {
+                    if p.matches(e, &at) {
                         confirm = Some(format!("commands.confirm {:?} ({file})", p.text));
                         break 'find;
                     }
@@ -694,6 +761,10 @@ impl Policy {
     fn only_read_only(&self, a: &Analysis) -> bool {
         let declared = &self.file.agents.read_only;
         if declared.is_empty() || !a.unknown.is_empty() || a.execs.is_empty() {
+            return false;
+        }
+        // Output redirected into a file writes it, whatever the program.
+        if a.writes.iter().any(|w| !rules::files::discards(w)) {
             return false;
         }
         a.execs.iter().all(|e| {
@@ -766,9 +837,15 @@ impl Policy {
         key: &str,
         builtins: bool,
     ) -> Option<String> {
+        use rules::files::{changeable, lookup, Who, Writes};
         let path = std::env::var("PATH").unwrap_or_default();
         if a.assigned.contains("PATH") {
             a.unknowable("PATH is changed, so which file a name runs is not known");
+        }
+        // What only defeats a list of files (a name that may find another
+        // file, a sourced file, a loader variable) is unknowable here.
+        for why in a.relocated.clone() {
+            a.unknowable(why);
         }
         let home = home();
         let allowed: Vec<(String, PathBuf)> = list
@@ -782,7 +859,21 @@ impl Policy {
                 file.map(|f| (analysis::base(entry).to_string(), f))
             })
             .collect();
-        for e in a.execs.iter().filter(|e| builtins || !e.builtin) {
+        let found: Vec<Option<(Vec<PathBuf>, PathBuf)>> = (a.execs.iter())
+            .map(|e| {
+                let p = e.program().filter(|_| !e.builtin && !e.implied)?;
+                lookup(&p, &path, cwd)
+            })
+            .collect();
+        let who = match &self.run_as {
+            Some(r) => Who::User { uid: r.uid },
+            None => Who::Daemon,
+        };
+        let writes = Writes::of(a, &found, cwd, who);
+        let mut unknown = Vec::new();
+        for (i, e) in
+            (a.execs.iter().enumerate()).filter(|(_, e)| !e.implied && (builtins || !e.builtin))
+        {
             let Some(program) = e.program() else {
                 continue;
             };
@@ -797,15 +888,23 @@ impl Policy {
                 continue;
             }
             if !program.starts_with('/') && program.contains('/') && a.changes_dir {
-                crate::shell::add_reason(
-                    &mut a.unknown,
-                    format!("{program} is a relative path in a line that changes directory"),
-                );
+                unknown.push(format!(
+                    "{program} is a relative path in a line that changes directory"
+                ));
                 continue;
             }
             let name = analysis::base(&program);
-            let ok = resolve(&program, &path, cwd)
-                .is_some_and(|file| allowed.iter().any(|(n, f)| *f == file && n == name));
+            // A function of the line, and no program of that name: only
+            // the function (whose body is judged) can run.
+            if e.function && found[i].is_none() {
+                continue;
+            }
+            let real = found[i]
+                .as_ref()
+                .and_then(|(_, f)| std::fs::canonicalize(f).ok());
+            let ok = real
+                .as_ref()
+                .is_some_and(|file| allowed.iter().any(|(n, f)| f == file && n == name));
             if !ok {
                 return Some(format!(
                     "{} is not in {key} ({})",
@@ -813,6 +912,37 @@ impl Policy {
                     self.path.display()
                 ));
             }
+            if let (Some((dirs, file)), Some(real)) = (&found[i], &real) {
+                if writes.may_rewrite(i, name, dirs, file, real) {
+                    unknown.push(format!(
+                        "{program} may be written by the line before it runs"
+                    ));
+                }
+            }
+            // git runs aliases (of any configuration file) and git-NAME
+            // programs for subcommands that are not its own.
+            if name == "git" && rules::runs_other_subcommand("git", &e.argv[1..]) {
+                unknown.push(format!(
+                    "{} may run an alias or another program",
+                    shown_argv(e)
+                ));
+            }
+        }
+        // A script a shell runs is code like a program's: the line must not
+        // be able to write it first.
+        if writes.any() {
+            for f in &a.scripts {
+                let file = f.literal().filter(|f| f.starts_with('/') || !a.changes_dir);
+                if file.is_none_or(|f| changeable(&cwd.join(f), who)) {
+                    unknown.push(format!(
+                        "the script {} may be written by the line before it runs",
+                        f.shown()
+                    ));
+                }
+            }
+        }
+        for why in unknown {
+            a.unknowable(why);
         }
         None
     }

@@ -1,11 +1,15 @@
 //! Rules over parsed commands: globs, command patterns (`git push`,
-//! `rm -rf /`) matched on a program's argv, and the allow-list's resolved
-//! executables.
+//! `rm -rf /`) matched on a program's argv (with operands as what they
+//! may be when they run: [`operand`]), and the allow-list's resolved
+//! executables ([`files`]).
+
+pub mod files;
+pub mod operand;
 
 use std::path::{Path, PathBuf};
 
-use super::analysis::{base, Exec};
-use crate::shell::Arg;
+use super::analysis::{base, git, Exec};
+use crate::shell::{Arg, Part};
 
 /// Matches `text` against a glob (`*` any run of characters, `?` one,
 /// `[*]` a literal star). Iterative, so hostile patterns stay linear-ish.
@@ -171,6 +175,18 @@ const LONG_FLAGS: &[(&str, &[(&str, char)])] = &[
 /// `-R` is `-r` for these.
 const CAPITAL_R_IS_RECURSIVE: &[&str] = &["rm", "cp", "chmod", "chown", "chgrp"];
 
+/// Where a command runs, for the paths of patterns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Place<'a> {
+    pub home: Option<&'a Path>,
+    /// `dirs.roots`, for `{root}`.
+    pub roots: &'a [String],
+    /// The request's directory, when it exists (relative operands).
+    pub cwd: Option<&'a Path>,
+    /// The line changes directory: a relative operand may be anywhere.
+    pub cwd_moves: bool,
+}
+
 /// A command pattern from the policy file: a program, then words.
 /// `git push` matches git with subcommand push after its global options;
 /// `rm -rf /` matches rm given -r and -f (any spelling: `-fr`, `-r -f`,
@@ -212,35 +228,47 @@ impl Pattern {
         Ok(p)
     }
 
-    /// Whether `exec` matches. A subcommand only known when the command
-    /// runs counts as a match: these rules deny or ask, so they err on
-    /// that side.
-    pub fn matches(&self, exec: &Exec, home: Option<&Path>, roots: &[String]) -> bool {
+    /// Whether `exec` matches. What is only known when the command runs
+    /// counts as a match (these rules deny or ask, so they err on that
+    /// side): a subcommand that may be an alias, an operand built from a
+    /// variable, words that may be the options the pattern wants.
+    pub fn matches(&self, exec: &Exec, at: &Place) -> bool {
         let Some(program) = exec.program() else {
             return false;
         };
         let name = base(&program);
-        let prog_ok = if self.program.contains('/') {
-            glob(&self.program, &program)
+        if !self.program_is(&program, name) {
+            // `git-push` (in git's exec path) is `git push`.
+            if let Some(sub) = name.strip_prefix("git-") {
+                if self.program_is("git", "git") {
+                    let mut args = vec![Arg::lit(sub)];
+                    args.extend(exec.argv[1..].iter().cloned());
+                    return self.matches_args("git", &args, at);
+                }
+            }
+            return false;
+        }
+        self.matches_args(name, &exec.argv[1..], at)
+    }
+
+    fn program_is(&self, program: &str, name: &str) -> bool {
+        if self.program.contains('/') {
+            glob(&self.program, program)
         } else {
             glob(&self.program, name)
-        };
-        if !prog_ok {
-            return false;
         }
-        let cmd = Parsed::of(name, &exec.argv[1..]);
-        if self.short.iter().any(|c| !cmd.short.contains(c)) {
-            return false;
-        }
-        if self.long.iter().any(|l| !cmd.long.contains(l)) {
-            return false;
-        }
+    }
+
+    fn matches_args(&self, name: &str, args: &[Arg], at: &Place) -> bool {
+        let cmd = Parsed::of(name, args);
         let mut want = self.operands.iter();
         if cmd.has_subcommands {
             if let Some(first) = want.next() {
                 match &cmd.subcommand {
-                    // An alias set on the command line could be anything.
-                    Some(s) if s.is_dynamic() || cmd.dynamic_alias => {}
+                    // An alias (of the line, the environment or any config
+                    // file), an external command or a word only known when
+                    // it runs: any subcommand, with any words.
+                    Some(_) if cmd.any_subcommand => return true,
                     Some(s) => {
                         if !glob(first, &s.known()) {
                             return false;
@@ -250,16 +278,37 @@ impl Pattern {
                 }
             }
         }
-        want.all(|w| {
-            let targets = self.targets(w, home, roots);
-            cmd.operands.iter().any(|o| operand_matches(w, &targets, o))
+        let want: Vec<&String> = want.collect();
+        let rm = name == "rm";
+        let operands_match = |skip: Option<usize>| {
+            want.iter().all(|w| {
+                let targets = self.targets(w, at);
+                cmd.operands
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| Some(*i) != skip)
+                    .any(|(_, o)| operand_matches(w, &targets, o, at, rm))
+            })
+        };
+        let lacks = self.short.iter().any(|c| !cmd.short.contains(c))
+            || self.long.iter().any(|l| !cmd.long.contains(l));
+        if !lacks {
+            return operands_match(None);
+        }
+        // A word only known when it runs may be the options it lacks (and,
+        // if the shell splits it, operands too).
+        cmd.wild.iter().any(|&k| {
+            let o = &cmd.operands[k];
+            operands_match((!o.splits && !o.expands).then_some(k))
         })
     }
 
     /// What a pattern operand stands for, as normalised paths.
-    fn targets(&self, w: &str, home: Option<&Path>, roots: &[String]) -> Vec<String> {
+    fn targets(&self, w: &str, at: &Place) -> Vec<String> {
+        let home = at.home;
         if w == "{root}" {
-            return roots
+            return at
+                .roots
                 .iter()
                 .filter_map(|r| expand(r, home))
                 .flat_map(|r| {
@@ -286,28 +335,64 @@ fn canonical_short(program: &str, c: char) -> char {
     }
 }
 
-fn operand_matches(pattern: &str, targets: &[String], operand: &Arg) -> bool {
-    // Unknown parts count as empty: `"$X/"` may well be `/`.
-    let text = operand.known();
+/// Whether `operand` may be what a pattern operand names.
+fn operand_matches(pattern: &str, targets: &[String], operand: &Arg, at: &Place, rm: bool) -> bool {
+    let from = operand::From {
+        cwd: at.cwd,
+        cwd_moves: at.cwd_moves,
+    };
     let looks_like_path =
         pattern.starts_with('/') || pattern.starts_with('~') || pattern == "{root}";
     if looks_like_path {
-        let n = normalize(&text);
-        targets.iter().any(|t| path_glob(t, &n))
-    } else {
-        glob(pattern, &text)
+        return operand::path_shapes(operand, &from, rm)
+            .iter()
+            .any(|s| targets.iter().any(|t| operand::meets(s, t, false)));
     }
+    if operand::text_shapes(operand)
+        .iter()
+        .any(|s| operand::meets(s, pattern, true))
+    {
+        return true;
+    }
+    // `of=/dev/sd*`: after `=` a path, however it is spelled.
+    let (Some((key, path)), Some(Part::Lit(first))) =
+        (pattern.split_once('='), operand.parts.first())
+    else {
+        return false;
+    };
+    let Some((k, rest)) = first.split_once('=') else {
+        return false;
+    };
+    if !path.starts_with('/') || !glob(key, k) {
+        return false;
+    }
+    let mut value = operand.clone();
+    value.parts[0] = Part::Lit(rest.to_string());
+    let target = normalize(path);
+    operand::path_shapes(&value, &from, false)
+        .iter()
+        .any(|s| operand::meets(s, &target, false))
+}
+
+/// Whether `program ARGS` (git) runs a subcommand that is not its own:
+/// an alias, from any configuration file, or a `git-NAME` program.
+pub fn runs_other_subcommand(program: &str, args: &[Arg]) -> bool {
+    let p = Parsed::of(program, args);
+    p.has_subcommands && p.subcommand.is_some() && p.any_subcommand
 }
 
 /// A command's arguments, read the way its program reads them.
 struct Parsed {
     has_subcommands: bool,
     subcommand: Option<Arg>,
-    /// `git -c alias.x=…`: the subcommand may be an alias made right there.
-    dynamic_alias: bool,
+    /// The subcommand may be any: an alias, an external command, a word
+    /// only known when it runs.
+    any_subcommand: bool,
     short: Vec<char>,
     long: Vec<String>,
     operands: Vec<Arg>,
+    /// Operands only known when they run that may be options.
+    wild: Vec<usize>,
 }
 
 impl Parsed {
@@ -321,12 +406,14 @@ impl Parsed {
         let mut out = Parsed {
             has_subcommands: table.is_some(),
             subcommand: None,
-            dynamic_alias: false,
+            any_subcommand: false,
             short: Vec::new(),
             long: Vec::new(),
             operands: Vec::new(),
+            wild: Vec::new(),
         };
         let mut i = 0;
+        let mut aliases: Vec<String> = Vec::new();
         if let Some((_, short_values, long_values)) = table {
             // Global options, then the subcommand.
             while i < args.len() {
@@ -343,8 +430,17 @@ impl Parsed {
                     break;
                 }
                 if let Some(l) = w.strip_prefix("--") {
-                    if !l.contains('=') && long_values.contains(&l) {
+                    let (name, value) = match l.split_once('=') {
+                        Some((n, v)) => (n, Some(v.to_string())),
+                        None => (l, None),
+                    };
+                    if value.is_none() && long_values.contains(&name) {
                         i += 1;
+                    }
+                    let value = value.or_else(|| args.get(i).map(Arg::known));
+                    // `cargo --config alias.x=…`: an alias made right there.
+                    if name == "config" && value.is_some_and(|v| v.contains("alias")) {
+                        out.any_subcommand = true;
                     }
                     i += 1;
                     continue;
@@ -358,8 +454,11 @@ impl Parsed {
                             i += 1;
                             args.get(i).map(Arg::known).unwrap_or_default()
                         };
-                        if c == 'c' && value.starts_with("alias.") {
-                            out.dynamic_alias = true;
+                        // `git -c alias.p=…`: known, and judged as the
+                        // git command it expands to (see analysis::git).
+                        let value = value.to_ascii_lowercase();
+                        if let Some(alias) = value.strip_prefix("alias.") {
+                            aliases.push(alias.split('=').next().unwrap_or("").to_string());
                         }
                     }
                     i += 1;
@@ -368,6 +467,17 @@ impl Parsed {
                 break;
             }
             out.subcommand = args.get(i).cloned();
+            if let Some(s) = &out.subcommand {
+                // git's own commands cannot be aliased; anything else may be.
+                out.any_subcommand |= match s.literal() {
+                    Some(s) => {
+                        program == "git"
+                            && !git::own_subcommand(program, &s)
+                            && !aliases.contains(&s.to_ascii_lowercase())
+                    }
+                    None => true,
+                };
+            }
             i += 1;
         }
         let mut options_end = false;
@@ -405,6 +515,13 @@ impl Parsed {
                     }
                     continue;
                 }
+            }
+            let may_be_option = a.splits
+                || a.expands
+                || matches!(a.parts.first(), Some(Part::Dyn))
+                || w.starts_with('-');
+            if !options_end && a.literal().is_none() && may_be_option {
+                out.wild.push(out.operands.len());
             }
             out.operands.push(a.clone());
         }
@@ -507,9 +624,14 @@ mod tests {
         let p = Pattern::parse(pattern).unwrap();
         let home = Path::new("/home/u");
         let a = analyze(&[], line, Some("/home/u"));
-        a.execs
-            .iter()
-            .any(|e| p.matches(e, Some(home), &["~".into(), "/tmp".into()]))
+        let roots = ["~".to_string(), "/tmp".to_string()];
+        let at = Place {
+            home: Some(home),
+            roots: &roots,
+            cwd: None,
+            cwd_moves: a.changes_dir,
+        };
+        a.execs.iter().any(|e| p.matches(e, &at))
     }
 
     #[test]

@@ -282,3 +282,5 @@ fn untrusted_tasks_commands_follow_agents_untrusted() {
     let p = policy("[agents]\nuntrusted = \"allow\"\n");
     assert_eq!(decide_untrusted(&p, "rm -f x", "trg_1", ""), "allow");
 }
+
+mod defects;

@@ -201,6 +201,14 @@ impl Commands {
             c.stderr_bytes = x.stderr_bytes;
             c.truncated = x.truncated;
             c.reason = x.reason.clone();
+            c.network = x.network;
+            // Shown to people: printable, bounded.
+            c.sandbox = x
+                .sandbox
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(512)
+                .collect();
             if c.started_at_ms == 0 {
                 c.started_at_ms = x.started_at_ms;
             }

@@ -126,6 +126,7 @@ pub(super) async fn serve(
         m.paused = hello.paused;
         m.read_only = printable_list(&hello.read_only);
         m.env_scrub = printable_list(&hello.env_scrub);
+        m.sandbox = printable(&hello.sandbox, 512);
         m.transport = transport.name.to_string();
         // The machine's own labels fill in; an admin's win.
         for (k, v) in hello.labels.iter().take(limits::MAX_LABELS) {

@@ -1,0 +1,463 @@
+//! A command's process, from the owner's local approval to its exit:
+//! started in its sandbox (or, without one, in a process group of its
+//! own), output pumped and scrubbed into its entry, killed whole on
+//! timeout or cancel.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Instant;
+
+use byom_protocol::limits;
+use byom_protocol::pb::{self, CommandState};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{exit_record, Entry, Plan, Runner, KILL_GRACE, PIPE_DRAIN};
+use crate::now_ms;
+use crate::secrets::{Scrubber, Stream};
+
+/// Everything a command started, to signal as one: its process group
+/// (on Linux the sandbox helper's, whose PID 1 takes the namespace down),
+/// or on Windows its job.
+struct Tree {
+    #[cfg_attr(not(unix), allow(dead_code))]
+    pgid: u32,
+    #[cfg(windows)]
+    job: Option<crate::sandbox::windows::Job>,
+}
+
+impl Tree {
+    fn kill(&self, sig: i32) {
+        #[cfg(unix)]
+        // SAFETY: killpg only sends a signal; a stale pgid fails with ESRCH.
+        unsafe {
+            libc::killpg(self.pgid as libc::pid_t, sig);
+        }
+        #[cfg(windows)]
+        if let Some(j) = &self.job {
+            let _ = sig;
+            j.kill();
+        }
+        #[cfg(not(any(unix, windows)))]
+        let _ = sig;
+    }
+}
+
+#[cfg(unix)]
+const SIGTERM: i32 = libc::SIGTERM;
+#[cfg(unix)]
+const SIGKILL: i32 = libc::SIGKILL;
+#[cfg(not(unix))]
+const SIGTERM: i32 = 15;
+#[cfg(not(unix))]
+const SIGKILL: i32 = 9;
+
+async fn pump<R: tokio::io::AsyncRead + Unpin>(
+    entry: Arc<Entry>,
+    mut r: R,
+    stream: Stream,
+    scrub: Arc<std::sync::Mutex<Scrubber>>,
+) {
+    // Filled without zeroing first: most commands print little or nothing.
+    let mut raw = Vec::with_capacity(limits::MAX_OUTPUT_CHUNK_BYTES);
+    loop {
+        raw.clear();
+        let n: usize = r.read_buf(&mut raw).await.unwrap_or_default();
+        // Secret values never leave the machine: split across reads, or
+        // between stdout and stderr, or encoded.
+        let out = match scrub.lock() {
+            Ok(mut s) if n == 0 => s.finish(stream),
+            Ok(mut s) => s.push(stream, &raw[..n]),
+            // Never send unscrubbed output: a poisoned scrubber ends it.
+            Err(_) => return,
+        };
+        if out.iter().any(|o| !o.is_empty()) {
+            if let Ok(mut o) = entry.output.lock() {
+                for (i, buf) in out.iter().enumerate() {
+                    let used = (o.stdout.len() + o.stderr.len()) as u64;
+                    let room = limits::MAX_COMMAND_OUTPUT_BYTES.saturating_sub(used) as usize;
+                    let take = buf.len().min(room);
+                    if take < buf.len() {
+                        o.truncated = true;
+                    }
+                    let dst = if i == 1 { &mut o.stderr } else { &mut o.stdout };
+                    dst.extend_from_slice(&buf[..take]);
+                }
+            }
+            entry.bump();
+        }
+        if n == 0 {
+            return;
+        }
+    }
+}
+
+/// Waits for the owner's `byomd approve|deny ID`. Ok: approved; Err: the
+/// exit record (denied or cancelled).
+async fn await_approval(
+    entry: &Arc<Entry>,
+    req: &pb::ExecRequest,
+    plan: &Plan,
+    rule: &str,
+) -> Result<(), pb::Exit> {
+    let t0 = Instant::now();
+    let Some(dir) = &plan.config_dir else {
+        return Err(exit_record(
+            CommandState::Denied,
+            "local approval needed but no config dir".into(),
+            t0,
+            0,
+        ));
+    };
+    let command = if req.shell.is_empty() {
+        req.argv.join(" ")
+    } else {
+        req.shell.clone()
+    };
+    let r = crate::approvals::Request {
+        id: entry.id.clone(),
+        command,
+        cwd: plan
+            .cwd
+            .as_ref()
+            .map(|c| c.display().to_string())
+            .unwrap_or_default(),
+        rule: rule.to_string(),
+        requested_at_ms: now_ms(),
+    };
+    if let Err(e) = crate::approvals::request(dir, &r) {
+        return Err(exit_record(
+            CommandState::Failed,
+            format!("cannot ask for local approval: {e:#}"),
+            t0,
+            0,
+        ));
+    }
+    tracing::warn!(cmd = %entry.id, "waiting for local approval: byomd approve {} (or deny)", entry.id);
+    if let Ok(mut a) = entry.awaiting.lock() {
+        *a = Some(rule.to_string());
+    }
+    entry.bump();
+    let mut cancel = entry.cancel.subscribe();
+    let result = loop {
+        if let Some(ok) = crate::approvals::answer(dir, &entry.id) {
+            break if ok {
+                Ok(())
+            } else {
+                Err(exit_record(
+                    CommandState::Denied,
+                    "denied by the machine's owner (byomd deny)".into(),
+                    t0,
+                    0,
+                ))
+            };
+        }
+        if let Some(reason) = cancel.borrow().clone() {
+            break Err(exit_record(CommandState::Cancelled, reason, t0, 0));
+        }
+        let _ = tokio::time::timeout(crate::approvals::POLL, cancel.changed()).await;
+    };
+    crate::approvals::clear(dir, &entry.id);
+    result
+}
+
+/// How long the sandbox helper may take to start a command before byomd
+/// gives up on it.
+#[cfg(target_os = "linux")]
+const SANDBOX_START: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A started process, and the sandbox it runs in.
+struct Spawned {
+    child: tokio::process::Child,
+    #[cfg(target_os = "linux")]
+    sandbox: Option<crate::sandbox::Spec>,
+    #[cfg(windows)]
+    job: Option<crate::sandbox::windows::Job>,
+}
+
+fn stdio(cmd: &mut tokio::process::Command, req: &pb::ExecRequest) {
+    cmd.stdin(if req.stdin.is_empty() {
+        Stdio::null()
+    } else {
+        Stdio::piped()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
+}
+
+/// Starts the command: in its sandbox when it has one (the helper
+/// reports once the program was exec'd, or why not), else directly in a
+/// process group of its own. Err: why it did not start.
+async fn spawn(
+    runner: &Runner,
+    req: &pb::ExecRequest,
+    plan: &Plan,
+    argv: Vec<String>,
+) -> Result<Spawned, String> {
+    #[cfg(target_os = "linux")]
+    if let (Some(spec), Some(host)) = (&plan.sandbox, &runner.sandbox) {
+        let mut spec = spec.clone();
+        let cwd = plan.cwd.clone().unwrap_or_else(|| "/".into());
+        host.finish(
+            &mut spec,
+            argv,
+            &plan.env,
+            &plan.scrub,
+            plan.run_as.as_ref(),
+            &cwd,
+        )
+        .map_err(|e| format!("cannot make the command's temp dir: {e}"))?;
+        let prepared = crate::sandbox::prepare(&host.helper, &spec)
+            .map_err(|e| format!("cannot prepare the sandbox: {e}"))?;
+        let report = prepared.report;
+        let mut cmd = tokio::process::Command::from(prepared.cmd);
+        stdio(&mut cmd, req);
+        let child = cmd.spawn();
+        // Our copies of the spec and the report's write end: the report
+        // ends when the helper's last copy does.
+        drop(prepared.keep);
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                host.clean(&spec);
+                return Err(format!("cannot start the sandbox helper: {e}"));
+            }
+        };
+        let read = tokio::task::spawn_blocking(move || crate::sandbox::read_report(report));
+        let failed = match tokio::time::timeout(SANDBOX_START, read).await {
+            Ok(Ok(Some(r))) if r.ok => {
+                tracing::debug!(setup_us = r.setup_us, "command started in its sandbox");
+                None
+            }
+            Ok(Ok(Some(r))) => Some(r.error),
+            Ok(_) => Some("the sandbox helper ended without saying why (see byomd's log)".into()),
+            Err(_) => Some(format!(
+                "the sandbox helper did not start the command within {}",
+                humantime::format_duration(SANDBOX_START)
+            )),
+        };
+        if let Some(why) = failed {
+            let _ = child.kill().await;
+            host.clean(&spec);
+            return Err(why);
+        }
+        return Ok(Spawned {
+            child,
+            sandbox: Some(spec),
+        });
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = runner;
+    let Some((prog, args)) = argv.split_first() else {
+        return Err("empty command".into());
+    };
+    let mut cmd = tokio::process::Command::new(prog);
+    cmd.args(args);
+    if let Some(cwd) = &plan.cwd {
+        cmd.current_dir(cwd);
+    }
+    #[cfg(unix)]
+    if let Some(r) = &plan.run_as {
+        // As root, std drops the supplementary groups before setuid.
+        cmd.uid(r.uid).gid(r.gid);
+        cmd.env("HOME", &r.home)
+            .env("USER", &r.user)
+            .env("LOGNAME", &r.user);
+    }
+    cmd.envs(&plan.env);
+    for k in &plan.scrub {
+        cmd.env_remove(k);
+    }
+    stdio(&mut cmd, req);
+    #[cfg(unix)]
+    cmd.process_group(0);
+    match cmd.spawn() {
+        Ok(child) => {
+            #[cfg(windows)]
+            let job = match crate::sandbox::windows::Job::new() {
+                Ok(j) => {
+                    match child.raw_handle().map(|h| j.assign(h)) {
+                        Some(Ok(())) => Some(j),
+                        _ => {
+                            tracing::warn!("cannot put the command in a job: its process tree is not contained");
+                            None
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("cannot make a job for the command: {e}");
+                    None
+                }
+            };
+            Ok(Spawned {
+                child,
+                #[cfg(target_os = "linux")]
+                sandbox: None,
+                #[cfg(windows)]
+                job,
+            })
+        }
+        Err(e) => {
+            let what = req.argv.first().map(String::as_str).unwrap_or("sh");
+            Err(format!("cannot start {what:?}: {e}"))
+        }
+    }
+}
+
+pub(super) async fn run_process(
+    runner: &Runner,
+    entry: &Arc<Entry>,
+    req: pb::ExecRequest,
+    plan: Plan,
+) -> pb::Exit {
+    if let Some(rule) = plan.confirm.clone() {
+        if let Err(exit) = await_approval(entry, &req, &plan, &rule).await {
+            return exit;
+        }
+    }
+    let t0 = Instant::now();
+    let argv: Vec<String> = if !plan.shell.is_empty() {
+        vec!["sh".into(), "-c".into(), plan.shell.clone()]
+    } else if !plan.argv.is_empty() {
+        plan.argv.clone()
+    } else {
+        return exit_record(CommandState::Failed, "empty command".into(), t0, 0);
+    };
+    if let Some(cwd) = &plan.cwd {
+        if !cwd.is_dir() {
+            return exit_record(
+                CommandState::Failed,
+                format!(
+                    "working directory {} does not exist on this machine",
+                    cwd.display()
+                ),
+                t0,
+                0,
+            );
+        }
+    }
+    // A cancel that came before the process exists (with the request, or
+    // while it waited) means it never starts; the watch below only sees
+    // cancels from here on.
+    let mut cancel = entry.cancel.subscribe();
+    if let Some(reason) = cancel.borrow_and_update().clone() {
+        return exit_record(CommandState::Cancelled, reason, t0, 0);
+    }
+    let spawned = match spawn(runner, &req, &plan, argv).await {
+        Ok(s) => s,
+        Err(reason) => {
+            drop(plan);
+            return exit_record(CommandState::Failed, reason, t0, 0);
+        }
+    };
+    let mut child = spawned.child;
+    #[cfg(target_os = "linux")]
+    let spawned_sandbox = spawned.sandbox;
+    let pid = child.id().unwrap_or(0);
+    let tree = Tree {
+        pgid: pid,
+        #[cfg(windows)]
+        job: spawned.job,
+    };
+    let started_at_ms = now_ms();
+    if let Ok(mut s) = entry.started.lock() {
+        *s = Some(pb::Started { pid, started_at_ms });
+    }
+    entry.bump();
+    if let Some(mut stdin) = child.stdin.take() {
+        let data = plan.stdin.clone();
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&data).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
+    // One scrubber for both streams: a value split between them is caught.
+    let scrub = Arc::new(std::sync::Mutex::new(Scrubber::new(&plan.secrets)));
+    let out = child
+        .stdout
+        .take()
+        .map(|o| tokio::spawn(pump(entry.clone(), o, Stream::Out, scrub.clone())));
+    let err = child
+        .stderr
+        .take()
+        .map(|e| tokio::spawn(pump(entry.clone(), e, Stream::Err, scrub.clone())));
+
+    let timeout = plan.timeout;
+    let mut ended_by: Option<(CommandState, String)> = None;
+    let status = loop {
+        let deadline = async {
+            match timeout {
+                Some(t) => tokio::time::sleep(t.saturating_sub(t0.elapsed())).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            s = child.wait() => break s,
+            _ = deadline, if ended_by.is_none() => {
+                ended_by = Some((CommandState::TimedOut, format!("killed after the {} timeout", humantime::format_duration(timeout.unwrap_or_default()))));
+            }
+            r = cancel.changed(), if ended_by.is_none() => {
+                if r.is_err() { continue; }
+                let reason = cancel.borrow().clone().unwrap_or_else(|| "cancelled".into());
+                ended_by = Some((CommandState::Cancelled, reason));
+            }
+        }
+        // Ask nicely, then insist; the whole group either way.
+        tree.kill(SIGTERM);
+        let grace = tokio::time::timeout(KILL_GRACE, child.wait()).await;
+        match grace {
+            Ok(s) => break s,
+            Err(_) => {
+                tree.kill(SIGKILL);
+                break child.wait().await;
+            }
+        }
+    };
+    // Background children may hold the pipes open: give them a moment, then
+    // take the group down so nothing outlives the command.
+    let drain = async {
+        if let Some(o) = out {
+            let _ = o.await;
+        }
+        if let Some(e) = err {
+            let _ = e.await;
+        }
+    };
+    if tokio::time::timeout(PIPE_DRAIN, drain).await.is_err() {
+        tree.kill(SIGKILL);
+    }
+    if ended_by.is_some() {
+        tree.kill(SIGKILL);
+    }
+    let mut exit = match ended_by {
+        Some((state, reason)) => exit_record(state, reason, t0, started_at_ms),
+        None => exit_record(CommandState::Exited, String::new(), t0, started_at_ms),
+    };
+    exit.pid = pid;
+    match status {
+        Ok(s) => {
+            exit.exit_code = s.code();
+            #[cfg(unix)]
+            {
+                use std::os::unix::process::ExitStatusExt;
+                exit.signal = s.signal();
+            }
+        }
+        Err(e) => {
+            exit.state = CommandState::Failed as i32;
+            exit.reason = format!("waiting for the process failed: {e}");
+        }
+    }
+    if let Ok(o) = entry.output.lock() {
+        exit.stdout_bytes = o.stdout.len() as u64;
+        exit.stderr_bytes = o.stderr.len() as u64;
+        exit.truncated = o.truncated;
+    }
+    #[cfg(target_os = "linux")]
+    if let (Some(spec), Some(host)) = (&spawned_sandbox, &runner.sandbox) {
+        host.clean(spec);
+    }
+    exit.network = plan.network;
+    exit.sandbox = plan.sandbox_level.clone();
+    exit
+}

@@ -1,0 +1,212 @@
+//! byomd's side of the sandbox: what the kernel offers (probed once at
+//! start), the private temp dirs, and a command's [`Spec`] from the policy
+//! and the request.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use super::plan::{self, Context, Spec, Tmp};
+use super::{Level, Support};
+use crate::policy::sandbox::{Origin, SandboxRules};
+use crate::policy::RunAs;
+
+/// What byomd knows of the sandbox it can give, for every command.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub helper: PathBuf,
+    pub support: Support,
+    /// byomd's own binary (kept read-only for commands).
+    pub exe: Option<PathBuf>,
+    /// Holds each command's private temp dir; `None`: no safe place.
+    pub tmp_root: Option<PathBuf>,
+}
+
+/// Everything about one request the sandbox depends on.
+pub struct Request<'a> {
+    pub rules: &'a SandboxRules,
+    pub origin: Origin,
+    pub roots: &'a [String],
+    pub cwd: &'a Path,
+    pub config_dir: &'a Path,
+    pub run_as: Option<&'a RunAs>,
+    pub command_id: &'a str,
+}
+
+impl Host {
+    /// For the daemon of `config_dir`: probes the kernel through `helper`
+    /// and readies the temp dirs (one folder per config dir, so daemons
+    /// of one user never touch each other's; what a daemon that died left
+    /// there is removed).
+    pub fn new(helper: PathBuf, config_dir: &Path) -> Host {
+        let tag = byom_wire::hex(&byom_wire::sha256(
+            config_dir.as_os_str().as_encoded_bytes(),
+        ));
+        Self::with_tmp(helper, &tag[..12], true)
+    }
+
+    /// For `byomd sandbox check`: temp dirs of its own, removed by
+    /// [`Host::forget_tmp`].
+    pub fn for_check(helper: PathBuf) -> Host {
+        Self::with_tmp(helper, &format!("check-{}", std::process::id()), false)
+    }
+
+    fn with_tmp(helper: PathBuf, tag: &str, clean: bool) -> Host {
+        let support = super::probe(&helper);
+        let exe = std::env::current_exe()
+            .ok()
+            .and_then(|e| std::fs::canonicalize(e).ok());
+        let tmp_root = match tmp_root(tag, clean) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                tracing::warn!("commands get no private temp dir: {e}");
+                None
+            }
+        };
+        Host {
+            helper,
+            support,
+            exe,
+            tmp_root,
+        }
+    }
+
+    pub fn level(&self, rules: &SandboxRules) -> Level {
+        self.support.level(rules)
+    }
+
+    /// The private temp dir a command will get (not made yet).
+    fn tmp_for(&self, id: &str) -> Option<Tmp> {
+        let root = self.tmp_root.as_ref()?;
+        Some(Tmp {
+            cover: root.clone(),
+            own: root.join(id),
+        })
+    }
+
+    /// The sandbox of one command (argv, env and cwd filled by
+    /// [`Host::finish`]).
+    pub fn plan(&self, r: &Request) -> Result<Spec, String> {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        // SAFETY: getuid has no preconditions.
+        let uid = r.run_as.map(|u| u.uid).unwrap_or(unsafe { libc::getuid() });
+        plan::build(&Context {
+            rules: r.rules,
+            support: &self.support,
+            origin: r.origin,
+            home,
+            run_as_home: r.run_as.map(|u| u.home.clone()),
+            uid,
+            roots: r.roots,
+            cwd: r.cwd,
+            config_dir: r.config_dir,
+            exe: self.exe.as_deref(),
+            tmp: self.tmp_for(r.command_id),
+        })
+    }
+
+    /// Fills in what runs: the program and its arguments, the whole
+    /// environment (byomd's, without the scrubbed variables, with the
+    /// request's, `TMPDIR` the private temp dir), and makes the temp dir.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish(
+        &self,
+        spec: &mut Spec,
+        argv: Vec<String>,
+        request_env: &HashMap<String, String>,
+        scrub: &[String],
+        run_as: Option<&RunAs>,
+        cwd: &Path,
+    ) -> std::io::Result<()> {
+        let mut env: BTreeMap<String, String> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect();
+        if let Some(r) = run_as {
+            env.insert("HOME".into(), r.home.display().to_string());
+            env.insert("USER".into(), r.user.clone());
+            env.insert("LOGNAME".into(), r.user.clone());
+        }
+        for (k, v) in request_env {
+            env.insert(k.clone(), v.clone());
+        }
+        for k in scrub {
+            env.remove(k);
+        }
+        if let Some(t) = &spec.tmp {
+            make_private_dir(&t.own, run_as.map(|r| (r.uid, r.gid)))?;
+            env.entry("TMPDIR".into())
+                .or_insert_with(|| t.own.display().to_string());
+        }
+        spec.env = env
+            .into_iter()
+            // A name with `=` or NUL cannot be passed as it was meant.
+            .filter(|(k, v)| !k.is_empty() && !k.contains(['=', '\0']) && !v.contains('\0'))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        spec.argv = argv;
+        spec.cwd = cwd.to_path_buf();
+        spec.user = run_as.map(|r| (r.uid, r.gid));
+        Ok(())
+    }
+
+    /// Removes the temp dirs' folder (`byomd sandbox check` is done).
+    pub fn forget_tmp(&self) {
+        if let Some(r) = &self.tmp_root {
+            let _ = std::fs::remove_dir_all(r);
+        }
+    }
+
+    /// Removes a command's temp dir once it ended.
+    pub fn clean(&self, spec: &Spec) {
+        if let Some(t) = &spec.tmp {
+            let _ = std::fs::remove_dir_all(&t.own);
+        }
+    }
+}
+
+/// `<temp dir>/byomd-UID-TAG`: made 0700 by us, or refused (another user
+/// could have made it first to read or plant files in commands' temp
+/// dirs). With `clean`, leftovers from a daemon that died are removed.
+fn tmp_root(tag: &str, clean: bool) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let root = std::env::temp_dir().join(format!("byomd-{me}-{tag}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot make {}: {e}", root.display())),
+    }
+    let m = std::fs::symlink_metadata(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    if !m.is_dir() || m.uid() != me || m.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a directory of this user's with mode 0700",
+            root.display()
+        ));
+    }
+    if clean {
+        if let Ok(rd) = std::fs::read_dir(&root) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    Ok(root)
+}
+
+fn make_private_dir(p: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(p) {
+        Ok(()) => {}
+        // The same command ID again (it was attached to, not run twice):
+        // start it empty.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_dir_all(p)?;
+            std::fs::DirBuilder::new().mode(0o700).create(p)?;
+        }
+        Err(e) => return Err(e),
+    }
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(p, Some(uid), Some(gid))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,1015 @@
+//! The sandbox helper on Linux. byomd re-executes itself
+//! (`/proc/self/exe __byomd_sandbox`) for every command, with the
+//! [`Spec`] on descriptor 3 (a memfd: never in argv or the environment)
+//! and a report pipe on descriptor 4. The helper is single-threaded, so it
+//! may make namespaces and allocate freely. In order:
+//!
+//! 1. new user, mount, PID, IPC (and, when the network is denied, network)
+//!    namespaces; uid/gid maps (the caller's own ids, or the whole range
+//!    when byomd is root so `[run] user` still works);
+//! 2. mounts, all private to the command: the way to protected paths
+//!    pinned as mount points (the kernel refuses to rename or remove them),
+//!    read-only binds, empty read-only tmpfs over hidden paths, a minimal
+//!    `/dev` (no disks, a devpts of its own), the private temp dir;
+//! 3. fork: the child is PID 1 of the new PID namespace (`init` below). It
+//!    mounts a `/proc` that shows only the command's processes and forks
+//!    the command;
+//! 4. in the command's process: its own process group, the user it runs
+//!    as, its directory, capabilities it never needs dropped from the
+//!    bounding set, `no_new_privs`, Landlock (files, TCP ports, signals
+//!    and abstract sockets scoped), seccomp; then exec.
+//!
+//! When the command's main process ends, init exits and the kernel kills
+//! everything left in the namespace: a double fork (`setsid -f`) cannot
+//! outlive the command, its timeout or its cancel. Signals byomd sends
+//! the helper are passed to init, and by init to the command's process
+//! group. The helper ends as the command did (the same code, or the same
+//! signal). Any step that fails stops the command before it runs, with
+//! the reason on the report pipe: a sandbox is never silently weaker than
+//! planned.
+
+use std::ffi::{CStr, CString};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::time::Instant;
+
+use super::plan::Spec;
+use super::seccomp;
+use super::{Report, Support};
+
+/// argv\[1\] of the helper run for a command.
+pub const HELPER_ARG: &str = "__byomd_sandbox";
+/// argv\[1\] of the helper run to find what the kernel allows.
+pub const PROBE_ARG: &str = "__byomd_sandbox_probe";
+/// Where the helper finds its spec.
+pub const SPEC_FD: RawFd = 3;
+/// Where the helper reports (one JSON line; end of file once the command
+/// was exec'd).
+pub const REPORT_FD: RawFd = 4;
+/// The exit code of a helper that could not set the sandbox up.
+pub const SETUP_FAILED: i32 = 125;
+/// Largest spec the helper reads.
+pub const MAX_SPEC_BYTES: usize = 64 << 20;
+
+/// Device nodes a command gets in its `/dev`.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// The empty file bound over hidden files.
+const HIDDEN_FILE: &str = "/dev/.byomd-hidden";
+/// A command's own /dev/shm: bounded, since tmpfs memory counts against
+/// no process and would otherwise grow to half the machine's memory.
+const DEV_SHM_OPTIONS: &CStr = c"mode=1777,size=256m";
+
+/// Capabilities a command keeps in its bounding set (what a root command
+/// ordinarily uses: chown, dac_override, fowner, fsetid, kill, setgid,
+/// setuid, net_bind_service, net_raw, ipc_lock, sys_nice, audit_write);
+/// everything else (mounts, modules, raw I/O, ptrace, device nodes, file
+/// capabilities, the audit and MAC knobs…) is dropped. This is what binds
+/// a command byomd runs as root, which gets no user namespace.
+const KEEP_CAPS: &[u32] = &[0, 1, 3, 4, 5, 6, 7, 10, 13, 14, 23, 29];
+
+/// Signals passed on to the command.
+const FORWARDED: &[i32] = &[
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGWINCH,
+];
+
+fn err(what: impl std::fmt::Display) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
+}
+
+fn cstr(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{} has a NUL byte", p.display()))
+}
+
+fn check(rc: libc::c_int, what: impl FnOnce() -> String) -> Result<(), String> {
+    if rc < 0 {
+        Err(err(what()))
+    } else {
+        Ok(())
+    }
+}
+
+fn write_file(path: &str, data: &str) -> Result<(), String> {
+    std::fs::write(path, data).map_err(|e| format!("cannot write {path}: {e}"))
+}
+
+fn report(r: &Report) {
+    if let Ok(mut line) = serde_json::to_vec(r) {
+        line.push(b'\n');
+        // SAFETY: REPORT_FD is ours (or closed, and the write fails).
+        unsafe {
+            libc::write(REPORT_FD, line.as_ptr().cast(), line.len());
+        }
+    }
+}
+
+/// The helper's `main`: never returns.
+pub fn helper_main() -> ! {
+    let t0 = Instant::now();
+    // SAFETY: an fcntl on our own descriptor.
+    unsafe {
+        libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    let spec = match read_spec() {
+        Ok(s) => s,
+        Err(e) => fail(e),
+    };
+    match run(spec, t0) {
+        Ok(never) => match never {},
+        Err(e) => fail(e),
+    }
+}
+
+fn fail(e: String) -> ! {
+    report(&Report {
+        ok: false,
+        error: format!("the sandbox could not be set up: {e}"),
+        ..Default::default()
+    });
+    // SAFETY: _exit ends this process.
+    unsafe { libc::_exit(SETUP_FAILED) }
+}
+
+fn read_spec() -> Result<Spec, String> {
+    // SAFETY: SPEC_FD was placed by byomd; we take it over and close it.
+    let mut f = unsafe { std::fs::File::from_raw_fd(SPEC_FD) };
+    let mut buf = Vec::new();
+    (&mut f)
+        .take(MAX_SPEC_BYTES as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read the spec: {e}"))?;
+    if buf.len() > MAX_SPEC_BYTES {
+        return Err(format!("spec over {MAX_SPEC_BYTES} bytes"));
+    }
+    let spec = serde_json::from_slice(&buf).map_err(|e| format!("bad spec: {e}"));
+    buf.fill(0);
+    spec
+}
+
+enum Never {}
+
+fn signal_set() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local value.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        for s in FORWARDED {
+            libc::sigaddset(&mut set, *s);
+        }
+        set
+    }
+}
+
+fn run(mut spec: Spec, t0: Instant) -> Result<Never, String> {
+    let set = signal_set();
+    // SAFETY: blocking signals for this thread; the old mask goes back in
+    // the command before exec.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    check(
+        unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old) },
+        || "sigprocmask".into(),
+    )?;
+    namespaces(&spec)?;
+    // Nothing in the sandbox may read this process's memory (it holds the
+    // command line, secrets included): not dumpable from here on, which
+    // also makes its /proc files root's. Not before: a process writes its
+    // own uid_map through them.
+    // SAFETY: prctl on our own process.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if spec.mount_ns {
+        mounts(&spec)?;
+    }
+    if spec.net_ns {
+        loopback_up()?;
+    }
+    let (status_r, status_w) = pipe()?;
+    let (alive_r, alive_w) = pipe()?;
+    // SAFETY: single-threaded; the child only continues this code.
+    let init = unsafe { libc::fork() };
+    if init < 0 {
+        return Err(err("fork"));
+    }
+    if init == 0 {
+        drop(status_r);
+        drop(alive_w);
+        init_main(&mut spec, t0, &old, status_w, alive_r);
+    }
+    drop(status_w);
+    drop(alive_r);
+    // SAFETY: the command holds its own copy until it execs.
+    unsafe { libc::close(REPORT_FD) };
+    wipe(&mut spec);
+    helper_wait(init, status_r, &set, alive_w)
+}
+
+/// Overwrites the command line and environment before they are freed: a
+/// secret must not linger in memory that outlives its need.
+fn wipe(spec: &mut Spec) {
+    for s in spec.argv.iter_mut().chain(spec.env.iter_mut()) {
+        // SAFETY: zero bytes are valid UTF-8.
+        unsafe { s.as_mut_vec().fill(0) };
+    }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills fds.
+    check(
+        unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) },
+        || "pipe".into(),
+    )?;
+    // SAFETY: both descriptors are new and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn namespaces(spec: &Spec) -> Result<(), String> {
+    // SAFETY: id getters have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mut flags = 0;
+    if spec.user_ns {
+        flags |= libc::CLONE_NEWUSER;
+    }
+    if spec.mount_ns {
+        flags |= libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
+    }
+    if spec.pid_ns {
+        flags |= libc::CLONE_NEWPID;
+    }
+    if spec.net_ns {
+        flags |= libc::CLONE_NEWNET;
+    }
+    if flags == 0 {
+        return Ok(());
+    }
+    // SAFETY: unshare on a single-threaded process.
+    check(unsafe { libc::unshare(flags) }, || "unshare".into())?;
+    if spec.user_ns {
+        // Our own ids only: a process in a new user namespace may map
+        // just those itself.
+        write_file("/proc/self/setgroups", "deny")?;
+        write_file("/proc/self/uid_map", &format!("{uid} {uid} 1\n"))?;
+        write_file("/proc/self/gid_map", &format!("{gid} {gid} 1\n"))?;
+    }
+    Ok(())
+}
+
+fn mount(
+    src: Option<&CStr>,
+    target: &Path,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> Result<(), String> {
+    let t = cstr(target)?;
+    let p = |c: Option<&CStr>| c.map(CStr::as_ptr).unwrap_or(std::ptr::null());
+    // SAFETY: all pointers are NUL-terminated strings alive for the call.
+    let rc = unsafe { libc::mount(p(src), t.as_ptr(), p(fstype), flags, p(data).cast()) };
+    check(rc, || format!("mount {}", target.display()))
+}
+
+fn bind(src: &Path, target: &Path) -> Result<(), String> {
+    let s = cstr(src)?;
+    mount(Some(&s), target, None, libc::MS_BIND | libc::MS_REC, None)
+}
+
+/// `MOUNT_ATTR_RDONLY`, recursively or not, through mount_setattr (no
+/// need to repeat the flags a user namespace locks, as a remount must).
+fn make_readonly(target: &Path, recursive: bool) -> Result<(), String> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 1;
+    const AT_RECURSIVE: libc::c_int = 0x8000;
+    let t = cstr(target)?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: attr is a valid mount_attr of the size given.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            if recursive { AT_RECURSIVE } else { 0 },
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    check(rc as libc::c_int, || {
+        format!("read-only {}", target.display())
+    })
+}
+
+fn open_path(p: &Path, flags: libc::c_int) -> Result<OwnedFd, String> {
+    let c = cstr(p)?;
+    // SAFETY: opening a path; the descriptor becomes an OwnedFd.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | flags) };
+    if fd < 0 {
+        return Err(err(format!("open {}", p.display())));
+    }
+    // SAFETY: fd is new and ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn fd_path(fd: &OwnedFd) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+fn mounts(spec: &Spec) -> Result<(), String> {
+    use super::mount::{self as m, open_exact};
+    // Nothing done here may reach the rest of the machine.
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    // Every planned path is opened once, with no symlink on the way, and
+    // used by descriptor from then on (see mount.rs).
+    for p in &spec.pin {
+        let fd = open_exact(p, 0)?;
+        m::bind(&fd, &fd, false, p)?;
+    }
+    for p in &spec.read_only {
+        let fd = open_exact(p, 0)?;
+        m::bind(&fd, &fd, true, p)?;
+    }
+    // What the private temp dir and /dev are made of, taken before they
+    // are covered.
+    let tmp = match &spec.tmp {
+        Some(t) => {
+            let name = match (t.own.parent(), t.own.file_name().and_then(|n| n.to_str())) {
+                (Some(parent), Some(name)) if parent == t.cover => name.to_string(),
+                _ => {
+                    return Err(format!(
+                        "{} is not directly in {}",
+                        t.own.display(),
+                        t.cover.display()
+                    ))
+                }
+            };
+            Some((
+                t,
+                name,
+                open_exact(&t.own, libc::O_DIRECTORY)?,
+                open_exact(&t.cover, libc::O_DIRECTORY)?,
+            ))
+        }
+        None => None,
+    };
+    let devices: Vec<(&str, OwnedFd)> = DEVICES
+        .iter()
+        .filter_map(|d| Some((*d, open_path(&Path::new("/dev").join(d), 0).ok()?)))
+        .collect();
+    let dev = Path::new("/dev");
+    let tmpfs = c"tmpfs";
+    mount(
+        Some(tmpfs),
+        dev,
+        Some(tmpfs),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some(c"mode=0755,size=64k"),
+    )?;
+    for (name, fd) in &devices {
+        let target = dev.join(name);
+        std::fs::File::create(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+        bind(&fd_path(fd), &target)?;
+    }
+    for (link, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
+        std::os::unix::fs::symlink(to, dev.join(link)).map_err(|e| format!("/dev/{link}: {e}"))?;
+    }
+    for d in ["pts", "shm"] {
+        std::fs::create_dir(dev.join(d)).map_err(|e| format!("/dev/{d}: {e}"))?;
+    }
+    // A terminal namespace of its own: the ptys of the machine's own
+    // terminals are not there to be read or written.
+    let _ = mount(
+        Some(c"devpts"),
+        &dev.join("pts"),
+        Some(c"devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some(c"newinstance,ptmxmode=0666,mode=0620"),
+    );
+    mount(
+        Some(tmpfs),
+        &dev.join("shm"),
+        Some(tmpfs),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(DEV_SHM_OPTIONS),
+    )?;
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o000)
+            .open(HIDDEN_FILE)
+            .map_err(|e| format!("{HIDDEN_FILE}: {e}"))?;
+    }
+    let hidden_file = open_path(Path::new(HIDDEN_FILE), 0)?;
+    make_readonly(dev, false)?;
+    for p in &spec.hide {
+        let fd = open_exact(p, 0)?;
+        if is_dir(&fd) {
+            m::cover(&fd, p)?;
+        } else {
+            m::bind(&hidden_file, &fd, true, p)?;
+        }
+    }
+    if let Some((t, name, own, cover)) = tmp {
+        m::private_tmp(&cover, &own, &name, &t.cover)?;
+    }
+    Ok(())
+}
+
+fn is_dir(fd: &OwnedFd) -> bool {
+    // SAFETY: fstat on our descriptor into a zeroed struct.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd.as_raw_fd(), &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR
+    }
+}
+
+fn loopback_up() -> Result<(), String> {
+    // SAFETY: a socket for one ioctl on the interface named "lo".
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if s < 0 {
+            return Err(err("socket for lo"));
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo\0".iter().enumerate() {
+            ifr.ifr_name[i] = *b as libc::c_char;
+        }
+        ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        let rc = libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr);
+        libc::close(s);
+        check(rc, || "bring lo up".into())
+    }
+}
+
+/// The helper after the fork: passes signals to init and ends as the
+/// command did.
+fn helper_wait(
+    init: libc::pid_t,
+    status_r: OwnedFd,
+    set: &libc::sigset_t,
+    _alive: OwnedFd,
+) -> Result<Never, String> {
+    let mut status_r = Some(status_r);
+    loop {
+        // SAFETY: sigwaitinfo on signals this thread blocked.
+        let sig = unsafe { libc::sigwaitinfo(set, std::ptr::null_mut()) };
+        if sig < 0 {
+            continue;
+        }
+        if sig != libc::SIGCHLD {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(init, sig) };
+            continue;
+        }
+        let mut st = 0;
+        // SAFETY: reaping our own child.
+        let r = unsafe { libc::waitpid(init, &mut st, libc::WNOHANG) };
+        if r != init {
+            continue;
+        }
+        let mut buf = [0u8; 4];
+        let read = status_r
+            .take()
+            .map(|fd| std::fs::File::from(fd).read_exact(&mut buf));
+        let status = match read {
+            Some(Ok(())) => i32::from_ne_bytes(buf),
+            // init died before the command ended (killed): that is how
+            // the command ended too.
+            _ => st,
+        };
+        end_as(status);
+    }
+}
+
+/// Exits with the command's status: its code, or dies of its signal.
+fn end_as(status: i32) -> ! {
+    // SAFETY: ending this process, with the disposition of one signal
+    // reset so it takes effect; no core file (it would be the helper's).
+    unsafe {
+        if libc::WIFSIGNALED(status) {
+            let sig = libc::WTERMSIG(status);
+            let none = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &none);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut one: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut one);
+            libc::sigaddset(&mut one, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig);
+        }
+        libc::_exit(libc::WEXITSTATUS(status))
+    }
+}
+
+/// PID 1 of the command's namespace.
+fn init_main(
+    spec: &mut Spec,
+    t0: Instant,
+    old: &libc::sigset_t,
+    status_w: OwnedFd,
+    alive_r: OwnedFd,
+) -> ! {
+    // SAFETY: process setup in a single-threaded child.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        // The helper may have died before the line above: then nobody
+        // would ever kill this namespace.
+        let mut p = libc::pollfd {
+            fd: alive_r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        if libc::poll(&mut p, 1, 0) > 0 {
+            libc::_exit(SETUP_FAILED);
+        }
+    }
+    if spec.pid_ns && spec.mount_ns {
+        let proc_ = c"proc";
+        if let Err(e) = mount(
+            Some(proc_),
+            Path::new("/proc"),
+            Some(proc_),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        ) {
+            fail(e);
+        }
+    }
+    // SAFETY: single-threaded; the child execs or exits.
+    let cmd = unsafe { libc::fork() };
+    if cmd < 0 {
+        fail(err("fork"));
+    }
+    if cmd == 0 {
+        drop(status_w);
+        drop(alive_r);
+        match command(&*spec, t0, old) {
+            Ok(never) => match never {},
+            Err(e) => fail(e),
+        }
+    }
+    // SAFETY: closing our copy of the report pipe.
+    unsafe { libc::close(REPORT_FD) };
+    wipe(spec);
+    let set = signal_set();
+    let mut status_w = Some(status_w);
+    loop {
+        // SAFETY: waiting for signals this thread blocked.
+        let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
+        if sig < 0 {
+            continue;
+        }
+        if sig != libc::SIGCHLD {
+            // SAFETY: signalling the command's group (or, gone, itself).
+            unsafe {
+                if libc::kill(-cmd, sig) < 0 {
+                    libc::kill(cmd, sig);
+                }
+            }
+            continue;
+        }
+        loop {
+            let mut st = 0;
+            // SAFETY: reaping children (orphans are ours in the namespace).
+            let r = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
+            if r <= 0 {
+                break;
+            }
+            if r == cmd {
+                if let Some(fd) = status_w.take() {
+                    let _ = std::fs::File::from(fd).write_all(&st.to_ne_bytes());
+                }
+                // SAFETY: init's end takes the namespace down with it.
+                unsafe { libc::_exit(0) };
+            }
+        }
+    }
+}
+
+/// The command's own process, from the fork to exec.
+fn command(spec: &Spec, t0: Instant, old: &libc::sigset_t) -> Result<Never, String> {
+    // SAFETY: process attribute changes in a single-threaded child.
+    unsafe {
+        libc::setpgid(0, 0);
+        if let Some((uid, gid)) = spec.user {
+            check(libc::setgroups(0, std::ptr::null()), || "setgroups".into())?;
+            check(libc::setgid(gid), || format!("setgid {gid}"))?;
+            check(libc::setuid(uid), || format!("setuid {uid}"))?;
+        }
+    }
+    // By descriptor, with no symlink on the way: what was planned.
+    let cwd = super::mount::open_exact(&spec.cwd, libc::O_DIRECTORY)
+        .map_err(|e| format!("working directory {e}"))?;
+    // SAFETY: fchdir to our descriptor.
+    check(unsafe { libc::fchdir(cwd.as_raw_fd()) }, || {
+        format!("working directory {}", spec.cwd.display())
+    })?;
+    drop(cwd);
+    // No core files: the machine's core handler (apport, systemd-coredump)
+    // runs outside the sandbox.
+    // SAFETY: setrlimit on this process.
+    unsafe {
+        let none = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &none);
+    }
+    // SAFETY: prctl calls on this process only.
+    unsafe {
+        for cap in 0..64u32 {
+            if !KEEP_CAPS.contains(&cap)
+                // EINVAL: past the last capability this kernel knows.
+                // (Without CAP_SETPCAP it fails harmlessly: nothing to drop.)
+                && libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) < 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
+            {
+                break;
+            }
+        }
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), || {
+            "no_new_privs".into()
+        })?;
+    }
+    if spec.landlock {
+        landlock(spec)?;
+    }
+    if spec.seccomp {
+        let prog = seccomp::program(seccomp::Options {
+            sockets: if spec.deny_sockets {
+                seccomp::Sockets::Local
+            } else if spec.net_ns {
+                seccomp::Sockets::Namespaced
+            } else {
+                seccomp::Sockets::Any
+            },
+            deny_ptrace: !spec.pid_ns,
+        });
+        seccomp::install(&prog).map_err(|e| format!("seccomp: {e}"))?;
+    }
+    let argv: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| "an argument has a NUL byte".to_string())?;
+    let env: Vec<CString> = spec
+        .env
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| "an environment variable has a NUL byte".to_string())?;
+    let Some(program) = spec.argv.first() else {
+        return Err("empty command".into());
+    };
+    let candidates = candidates(program, &spec.env);
+    let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_p.push(std::ptr::null());
+    let mut env_p: Vec<*const libc::c_char> = env.iter().map(|a| a.as_ptr()).collect();
+    env_p.push(std::ptr::null());
+    // SAFETY: signal state for the new program: byomd's mask back, every
+    // disposition default (Rust ignores SIGPIPE in its processes).
+    unsafe {
+        for sig in 1..32 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        libc::sigprocmask(libc::SIG_SETMASK, old, std::ptr::null_mut());
+    }
+    report(&Report {
+        ok: true,
+        setup_us: t0.elapsed().as_micros() as u64,
+        ..Default::default()
+    });
+    // execvp's search, with the command's own PATH (glibc's reads the
+    // caller's environment, which here is empty).
+    let mut first_err = 0;
+    for c in &candidates {
+        // SAFETY: argv and envp are NULL-terminated arrays of C strings.
+        unsafe { libc::execve(c.as_ptr(), argv_p.as_ptr(), env_p.as_ptr()) };
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        if first_err == 0 || (first_err == libc::ENOENT && e != libc::ENOENT && e != libc::ENOTDIR)
+        {
+            first_err = e;
+        }
+    }
+    let e = std::io::Error::from_raw_os_error(first_err);
+    report(&Report {
+        ok: false,
+        exec_errno: first_err,
+        error: format!("cannot start {program:?}: {e}"),
+        ..Default::default()
+    });
+    // SAFETY: ending the child that failed to exec.
+    unsafe { libc::_exit(if first_err == libc::ENOENT { 127 } else { 126 }) }
+}
+
+/// The files `program` may be, in PATH order.
+fn candidates(program: &str, env: &[String]) -> Vec<CString> {
+    if program.contains('/') {
+        return CString::new(program).into_iter().collect();
+    }
+    let path = env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("PATH="))
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    path.split(':')
+        .map(|d| if d.is_empty() { "." } else { d })
+        .filter_map(|d| CString::new(format!("{d}/{program}")).ok())
+        .collect()
+}
+
+/// Landlock rules for planned paths, each opened once with no symlink on
+/// the way (see mount.rs); a file gets only the rights a file can have.
+fn beneath(
+    paths: &[std::path::PathBuf],
+    access: enumflags2::BitFlags<landlock::AccessFs>,
+    abi: landlock::ABI,
+) -> Result<Vec<landlock::PathBeneath<OwnedFd>>, String> {
+    use landlock::AccessFs;
+    paths
+        .iter()
+        .map(|p| {
+            let fd = super::mount::open_exact(p, 0)?;
+            let rights = if is_dir(&fd) {
+                access
+            } else {
+                access & AccessFs::from_file(abi)
+            };
+            Ok(landlock::PathBeneath::new(fd, rights))
+        })
+        .collect()
+}
+
+fn landlock(spec: &Spec) -> Result<(), String> {
+    use landlock::{
+        path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, Ruleset,
+        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    };
+    let abi = ABI::V6;
+    let e = |e: landlock::RulesetError| format!("landlock: {e}");
+    let mut rs = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(e)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(e)?;
+    if !spec.ports.is_empty() {
+        // Connections to the listed ports only, and no TCP server at all.
+        rs = rs
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(AccessNet::ConnectTcp | AccessNet::BindTcp)
+            .map_err(e)?
+            .set_compatibility(CompatLevel::BestEffort);
+    }
+    let mut created = rs
+        .create()
+        .map_err(e)?
+        .add_rules(
+            beneath(&spec.read, AccessFs::from_read(abi), abi)?
+                .into_iter()
+                .map(Ok::<_, landlock::RulesetError>),
+        )
+        .map_err(e)?
+        .add_rules(
+            beneath(&spec.list, AccessFs::ReadDir.into(), abi)?
+                .into_iter()
+                .map(Ok::<_, landlock::RulesetError>),
+        )
+        .map_err(e)?
+        .add_rules(
+            beneath(&spec.write, AccessFs::from_all(abi), abi)?
+                .into_iter()
+                .map(Ok::<_, landlock::RulesetError>),
+        )
+        .map_err(e)?;
+    let devices: Vec<std::path::PathBuf> = if spec.mount_ns {
+        // The command's own /dev (no disks, its own ptys).
+        vec!["/dev".into()]
+    } else {
+        DEVICES
+            .iter()
+            .map(|d| Path::new("/dev").join(d))
+            .chain(std::iter::once("/dev/shm".into()))
+            .collect()
+    };
+    created = created
+        .add_rules(path_beneath_rules(&devices, AccessFs::from_all(abi)))
+        .map_err(e)?;
+    for p in &spec.ports {
+        created = created
+            .add_rule(NetPort::new(*p, AccessNet::ConnectTcp))
+            .map_err(e)?;
+    }
+    let status = created.restrict_self().map_err(e)?;
+    if status.ruleset == RulesetStatus::NotEnforced {
+        return Err("landlock is not enforced by this kernel".into());
+    }
+    Ok(())
+}
+
+/// Finds what this kernel allows, by trying each layer in a child process
+/// (so nothing here changes). Run as `byomd __byomd_sandbox_probe`: it
+/// prints the [`Support`] as JSON.
+pub fn probe_main() -> ! {
+    let s = probe();
+    println!("{}", serde_json::to_string(&s).unwrap_or_default());
+    std::process::exit(0)
+}
+
+fn probe() -> Support {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut s = Support {
+        root,
+        landlock_abi: landlock_abi(),
+        ..Default::default()
+    };
+    let try_step = |f: fn() -> Result<(), String>| -> Result<(), String> { in_child(f) };
+    // Root needs no user namespace to make the others, and keeps its
+    // capabilities out of the command's reach by the bounding set instead
+    // (a user namespace would leave root unable to map the users
+    // `[run] user` needs).
+    if !root {
+        match try_step(|| namespaces_probe(true)) {
+            Ok(()) => s.user_ns = true,
+            Err(e) => s.errors.push(format!("user namespaces: {e}")),
+        }
+    }
+    if s.user_ns || root {
+        let step = if s.user_ns {
+            (|| mount_probe(true)) as fn() -> Result<(), String>
+        } else {
+            || mount_probe(false)
+        };
+        match try_step(step) {
+            Ok(()) => {
+                s.mount_ns = true;
+                s.pid_ns = true;
+            }
+            Err(e) => s.errors.push(format!("mount and PID namespaces: {e}")),
+        }
+        let step = if s.user_ns {
+            (|| net_probe(true)) as fn() -> Result<(), String>
+        } else {
+            || net_probe(false)
+        };
+        match try_step(step) {
+            Ok(()) => s.net_ns = true,
+            Err(e) => s.errors.push(format!("network namespaces: {e}")),
+        }
+    }
+    if seccomp::SUPPORTED {
+        match try_step(|| {
+            // SAFETY: prctl in the probe's child.
+            check(
+                unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) },
+                || "no_new_privs".into(),
+            )?;
+            seccomp::install(&seccomp::program(seccomp::Options::default()))
+                .map_err(|e| format!("seccomp: {e}"))
+        }) {
+            Ok(()) => s.seccomp = true,
+            Err(e) => s.errors.push(e),
+        }
+    } else {
+        s.errors
+            .push("seccomp: no filter for this architecture".into());
+    }
+    s
+}
+
+fn landlock_abi() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: the version query takes no ruleset.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(v).unwrap_or(0)
+}
+
+fn namespaces_probe(user: bool) -> Result<(), String> {
+    namespaces(&Spec {
+        user_ns: user,
+        ..Default::default()
+    })
+}
+
+fn mount_probe(user: bool) -> Result<(), String> {
+    namespaces(&Spec {
+        user_ns: user,
+        mount_ns: true,
+        pid_ns: true,
+        ..Default::default()
+    })?;
+    let tmpfs = c"tmpfs";
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    mount(
+        Some(tmpfs),
+        Path::new("/tmp"),
+        Some(tmpfs),
+        0,
+        Some(c"size=4k"),
+    )?;
+    make_readonly(Path::new("/tmp"), false)?;
+    // PID 1 of the new namespace mounts its /proc.
+    in_child(|| {
+        let p = c"proc";
+        mount(
+            Some(p),
+            Path::new("/proc"),
+            Some(p),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        )
+    })
+}
+
+fn net_probe(user: bool) -> Result<(), String> {
+    namespaces(&Spec {
+        user_ns: user,
+        net_ns: true,
+        ..Default::default()
+    })?;
+    loopback_up()
+}
+
+/// Runs `f` in a forked child; its error comes back through a pipe.
+fn in_child(f: fn() -> Result<(), String>) -> Result<(), String> {
+    let (r, w) = pipe()?;
+    // SAFETY: the probe is single-threaded; the child runs `f` and exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(err("fork"));
+    }
+    if pid == 0 {
+        drop(r);
+        let msg = match f() {
+            Ok(()) => String::new(),
+            Err(e) => e,
+        };
+        let mut w = std::fs::File::from(w);
+        let _ = w.write_all(msg.as_bytes());
+        // SAFETY: the child ends here.
+        unsafe { libc::_exit(if msg.is_empty() { 0 } else { 1 }) };
+    }
+    drop(w);
+    let mut msg = String::new();
+    let _ = std::fs::File::from(r).read_to_string(&mut msg);
+    let mut st = 0;
+    // SAFETY: reaping our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 {
+        Ok(())
+    } else if msg.is_empty() {
+        Err(format!("the probe died (status {st})"))
+    } else {
+        Err(msg)
+    }
+}

@@ -1,0 +1,403 @@
+//! The seccomp filter every sandboxed command runs under: the calls a
+//! shell command never needs and an escape would (mounts, namespaces,
+//! kernel keyrings, modules, BPF, io_uring, pushing keystrokes into a
+//! terminal) fail with `EPERM`; where no network namespace can be made,
+//! IP sockets too.
+//!
+//! Written as BPF by hand rather than through a crate: it is short, and
+//! the details that make filters leak are explicit here: the architecture
+//! is checked first (another ABI's numbers mean other calls), x32 calls on
+//! x86_64 are refused, and `ioctl` requests are compared on their low 32
+//! bits, as the kernel reads them (a request with high bits set is still
+//! TIOCSTI to the tty driver).
+
+/// Which socket families a command may make.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Sockets {
+    #[default]
+    Any,
+    /// In a network namespace of its own: local and IP sockets (which the
+    /// namespace confines), but none of the families a namespace does not
+    /// (VSOCK to the hypervisor, Bluetooth, CAN…).
+    Namespaced,
+    /// No network namespace could be made: local sockets only.
+    Local,
+}
+
+/// What the filter refuses besides the fixed list.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    pub sockets: Sockets,
+    /// No ptrace or cross-process memory access: there is no PID
+    /// namespace to keep it among the command's own processes.
+    pub deny_ptrace: bool,
+}
+
+const LD_W_ABS: u16 = 0x20;
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+const JSET_K: u16 = 0x45;
+const RET_K: u16 = 0x06;
+
+const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+
+/// Offsets in `struct seccomp_data`.
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+/// The low 32 bits of argument `i` (little-endian).
+const fn off_arg(i: u32) -> u32 {
+    16 + 8 * i
+}
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xC000_003E;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xC000_00B7;
+
+/// Whether this build has a filter for its architecture.
+pub const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+
+const TIOCSTI: u32 = 0x5412;
+const TIOCLINUX: u32 = 0x541C;
+
+const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWCGROUP
+    | 0x80/* CLONE_NEWTIME */) as u32;
+
+/// Calls refused outright.
+fn refused() -> Vec<libc::c_long> {
+    let mut v = vec![
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_move_mount,
+        libc::SYS_open_tree,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_reboot,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_acct,
+        libc::SYS_quotactl,
+        libc::SYS_syslog,
+        libc::SYS_vhangup,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_lookup_dcookie,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_settimeofday,
+        libc::SYS_clock_settime,
+        libc::SYS_clock_adjtime,
+        libc::SYS_chroot,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([libc::SYS_iopl, libc::SYS_ioperm, libc::SYS_uselib]);
+    v
+}
+
+fn stmt(code: u16, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// `if A == k { return ret }`.
+fn refuse_if(p: &mut Vec<libc::sock_filter>, k: u32, ret: u32) {
+    p.push(jump(JEQ_K, k, 0, 1));
+    p.push(stmt(RET_K, ret));
+}
+
+fn errno(e: i32) -> u32 {
+    RET_ERRNO | (e as u32 & 0xffff)
+}
+
+/// `if nr == syscall { body }` where `body` ends in a return; the body is
+/// skipped otherwise (with `nr` still in A).
+fn block(p: &mut Vec<libc::sock_filter>, nr: libc::c_long, body: Vec<libc::sock_filter>) {
+    let len = u8::try_from(body.len()).expect("seccomp block longer than a jump");
+    p.push(jump(JEQ_K, nr as u32, 0, len));
+    p.extend(body);
+}
+
+/// The filter program.
+pub fn program(opts: Options) -> Vec<libc::sock_filter> {
+    let mut p = Vec::with_capacity(128);
+    p.push(stmt(LD_W_ABS, OFF_ARCH));
+    p.push(jump(JEQ_K, AUDIT_ARCH, 1, 0));
+    p.push(stmt(RET_K, RET_KILL_PROCESS));
+    p.push(stmt(LD_W_ABS, OFF_NR));
+    #[cfg(target_arch = "x86_64")]
+    {
+        // x32 calls: the same architecture, other numbers.
+        p.push(jump(JGE_K, 0x4000_0000, 0, 1));
+        p.push(stmt(RET_K, errno(libc::EPERM)));
+    }
+    for nr in refused() {
+        refuse_if(&mut p, nr as u32, errno(libc::EPERM));
+    }
+    if opts.deny_ptrace {
+        for nr in [
+            libc::SYS_ptrace,
+            libc::SYS_process_vm_readv,
+            libc::SYS_process_vm_writev,
+            libc::SYS_pidfd_getfd,
+            libc::SYS_kcmp,
+        ] {
+            refuse_if(&mut p, nr as u32, errno(libc::EPERM));
+        }
+    }
+    // glibc falls back to clone when clone3 is missing; clone3's flags sit
+    // behind a pointer the filter cannot read.
+    refuse_if(&mut p, libc::SYS_clone3 as u32, errno(libc::ENOSYS));
+    block(
+        &mut p,
+        libc::SYS_clone,
+        vec![
+            stmt(LD_W_ABS, off_arg(0)),
+            jump(JSET_K, NAMESPACE_FLAGS, 0, 1),
+            stmt(RET_K, errno(libc::EPERM)),
+            stmt(RET_K, RET_ALLOW),
+        ],
+    );
+    block(
+        &mut p,
+        libc::SYS_ioctl,
+        vec![
+            stmt(LD_W_ABS, off_arg(1)),
+            jump(JEQ_K, TIOCSTI, 1, 0),
+            jump(JEQ_K, TIOCLINUX, 0, 1),
+            stmt(RET_K, errno(libc::EPERM)),
+            stmt(RET_K, RET_ALLOW),
+        ],
+    );
+    // Local sockets: AF_UNIX, and netlink (which reads, and without
+    // CAP_NET_ADMIN cannot change, the network it is in).
+    let families: &[i32] = match opts.sockets {
+        Sockets::Any => &[],
+        Sockets::Namespaced => &[
+            libc::AF_UNIX,
+            libc::AF_NETLINK,
+            libc::AF_INET,
+            libc::AF_INET6,
+        ],
+        Sockets::Local => &[libc::AF_UNIX, libc::AF_NETLINK],
+    };
+    if !families.is_empty() {
+        let n = families.len() as u8;
+        let mut body = vec![stmt(LD_W_ABS, off_arg(0))];
+        for (i, f) in families.iter().enumerate() {
+            // Found: jump over the rest and the refusal to the allow.
+            body.push(jump(JEQ_K, *f as u32, n - i as u8, 0));
+        }
+        body.push(stmt(RET_K, errno(libc::EPERM)));
+        body.push(stmt(RET_K, RET_ALLOW));
+        block(&mut p, libc::SYS_socket, body);
+    }
+    p.push(stmt(RET_K, RET_ALLOW));
+    p
+}
+
+/// Installs `prog` on the calling thread, for good. `no_new_privs` must be
+/// set already. Only raw syscalls: safe between fork and exec.
+pub fn install(prog: &[libc::sock_filter]) -> std::io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: fprog points at a live program for the duration of the call;
+    // the kernel copies it.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+            &fprog as *const libc::sock_fprog as libc::c_ulong,
+            0,
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` in a forked child under the filter; the child's exit code
+    /// is what `f` returned.
+    fn in_child(opts: Options, f: fn() -> i32) -> i32 {
+        let prog = program(opts);
+        // SAFETY: the child only makes raw syscalls and exits.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0);
+            if pid == 0 {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                if install(&prog).is_err() {
+                    libc::_exit(100);
+                }
+                libc::_exit(f());
+            }
+            let mut st = 0;
+            libc::waitpid(pid, &mut st, 0);
+            assert!(libc::WIFEXITED(st), "child died: {st}");
+            libc::WEXITSTATUS(st)
+        }
+    }
+
+    fn errno() -> i32 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    #[test]
+    fn escapes_are_refused_and_ordinary_calls_pass() {
+        // mount, unshare, TIOCSTI (also with high bits set), keyrings.
+        let code = in_child(Options::default(), || unsafe {
+            let src = c"none".as_ptr();
+            if libc::mount(src, c"/".as_ptr(), src, 0, std::ptr::null()) != -1
+                || errno() != libc::EPERM
+            {
+                return 1;
+            }
+            if libc::unshare(libc::CLONE_NEWUSER) != -1 || errno() != libc::EPERM {
+                return 2;
+            }
+            let c = 0u8;
+            if libc::ioctl(0, TIOCSTI as libc::c_ulong, &c) != -1 || errno() != libc::EPERM {
+                return 3;
+            }
+            let high = (1u64 << 32) | TIOCSTI as u64;
+            if libc::syscall(libc::SYS_ioctl, 0, high, &c) != -1 || errno() != libc::EPERM {
+                return 4;
+            }
+            if libc::syscall(libc::SYS_keyctl, 0, 0, 0, 0, 0) != -1 || errno() != libc::EPERM {
+                return 5;
+            }
+            if libc::syscall(libc::SYS_clone3, 0, 0) != -1 || errno() != libc::ENOSYS {
+                return 6;
+            }
+            // Ordinary work goes on: files, sockets, processes.
+            if libc::getpid() <= 0 {
+                return 7;
+            }
+            let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            if s < 0 {
+                return 8;
+            }
+            libc::close(s);
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::_exit(0);
+            }
+            if pid < 0 {
+                return 9;
+            }
+            0
+        });
+        assert_eq!(code, 0);
+    }
+
+    #[test]
+    fn sockets_can_be_denied_but_unix_ones_stay() {
+        let code = in_child(
+            Options {
+                sockets: Sockets::Local,
+                deny_ptrace: true,
+            },
+            || unsafe {
+                if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1 || errno() != libc::EPERM
+                {
+                    return 1;
+                }
+                if libc::socket(libc::AF_INET6, libc::SOCK_DGRAM, 0) != -1 {
+                    return 2;
+                }
+                if libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0) != -1 {
+                    return 5;
+                }
+                let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                if s < 0 {
+                    return 3;
+                }
+                libc::close(s);
+                if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) != -1 || errno() != libc::EPERM {
+                    return 4;
+                }
+                0
+            },
+        );
+        assert_eq!(code, 0);
+    }
+}
+
+#[cfg(test)]
+mod namespaced {
+    use super::*;
+
+    #[test]
+    fn a_namespaced_network_keeps_ip_but_not_vsock() {
+        let prog = program(Options {
+            sockets: Sockets::Namespaced,
+            deny_ptrace: false,
+        });
+        // SAFETY: the child only makes raw syscalls and exits.
+        let code = unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0);
+            if pid == 0 {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                if install(&prog).is_err() {
+                    libc::_exit(100);
+                }
+                let ip = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+                let unix = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                let vsock = libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0);
+                let packet = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+                libc::_exit(if ip >= 0 && unix >= 0 && vsock == -1 && packet == -1 {
+                    0
+                } else {
+                    1
+                });
+            }
+            let mut st = 0;
+            libc::waitpid(pid, &mut st, 0);
+            libc::WEXITSTATUS(st)
+        };
+        assert_eq!(code, 0);
+    }
+}

@@ -1,0 +1,259 @@
+//! The sandbox helper against the real kernel, without a server: specs
+//! built by the same planner the daemon uses, run by the built `byomd`.
+//! The end-to-end attacks are in the workspace's tests (sandbox.rs); here
+//! are the shapes a daemon cannot be pushed into on this machine (Landlock
+//! alone, as on a kernel without user namespaces) and the helper's own
+//! contract: exit codes and signals passed through, setup and exec
+//! failures reported, never a command run outside what was planned.
+
+#![cfg(target_os = "linux")]
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use byom_daemon::sandbox::plan::{build, Context};
+use byom_daemon::sandbox::{self, Origin, Report, SandboxRules, Spec, Support};
+
+fn helper() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_byomd"))
+}
+
+struct Run {
+    code: Option<i32>,
+    signal: Option<i32>,
+    out: String,
+    report: Option<Report>,
+}
+
+fn run(spec: &Spec) -> Run {
+    let p = sandbox::prepare(&helper(), spec).unwrap();
+    let mut cmd = p.cmd;
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null());
+    let child = cmd.spawn().unwrap();
+    drop(p.keep);
+    let report = sandbox::read_report(p.report);
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code(),
+        signal: out.status.signal(),
+        out: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        report,
+    }
+}
+
+fn support() -> Support {
+    let s = sandbox::probe(&helper());
+    assert!(
+        s.landlock_abi > 0 && s.seccomp,
+        "this test needs Landlock and seccomp: {s:?}"
+    );
+    s
+}
+
+fn sh(spec: &mut Spec, line: &str, cwd: &Path) {
+    spec.argv = vec!["sh".into(), "-c".into(), line.into()];
+    spec.env = vec!["PATH=/usr/local/bin:/usr/bin:/bin".into()];
+    spec.cwd = cwd.to_path_buf();
+}
+
+/// A home with byomd's config dir and a key inside the write root.
+struct Home {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Home {
+    fn new() -> Home {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(root.join(".config/byomd")).unwrap();
+        std::fs::create_dir_all(root.join(".ssh")).unwrap();
+        std::fs::create_dir_all(root.join("work")).unwrap();
+        std::fs::write(root.join(".config/byomd/policy.toml"), "mine").unwrap();
+        std::fs::write(root.join(".ssh/id"), "KEY").unwrap();
+        std::fs::write(root.join(".bashrc"), "rc").unwrap();
+        Home { _dir: dir, root }
+    }
+
+    fn spec(&self, support: &Support) -> Spec {
+        let rules = SandboxRules {
+            deny_read: vec!["~/.ssh".into()],
+            read_only: vec!["~/.bashrc".into()],
+            ..Default::default()
+        };
+        let roots = vec!["~".to_string()];
+        let cwd = self.root.join("work");
+        let config = self.root.join(".config/byomd");
+        build(&Context {
+            rules: &rules,
+            support,
+            origin: Origin::Admin,
+            home: Some(self.root.clone()),
+            run_as_home: None,
+            uid: 0,
+            roots: &roots,
+            cwd: &cwd,
+            config_dir: &config,
+            exe: None,
+            tmp: None,
+        })
+        .unwrap()
+    }
+}
+
+#[test]
+fn landlock_alone_keeps_byomds_files_and_deny_read_out() {
+    let mut s = support();
+    // As on a kernel without user namespaces, byomd not root.
+    s.root = false;
+    s.user_ns = false;
+    s.mount_ns = false;
+    s.pid_ns = false;
+    s.net_ns = false;
+    let h = Home::new();
+    let mut spec = h.spec(&s);
+    assert!(!spec.mount_ns && spec.landlock);
+    let r = h.root.display();
+    sh(
+        &mut spec,
+        &format!(
+            "cat {r}/.config/byomd/policy.toml; echo x > {r}/.config/byomd/policy.toml; \
+             cat {r}/.ssh/id; echo y >> {r}/.bashrc; mv {r}/.config {r}/.moved; \
+             echo ok > {r}/work/out && cat {r}/work/out; echo z > /var/tmp/byom-ll-$$"
+        ),
+        &h.root.join("work"),
+    );
+    let run = run(&spec);
+    assert!(
+        run.report.as_ref().is_some_and(|r| r.ok),
+        "{:?} {}",
+        run.report,
+        run.out
+    );
+    assert!(!run.out.contains("mine"), "read the policy: {}", run.out);
+    assert!(!run.out.contains("KEY"), "read the key: {}", run.out);
+    assert!(
+        run.out.contains("ok"),
+        "could not write its own dir: {}",
+        run.out
+    );
+    assert_eq!(
+        std::fs::read_to_string(h.root.join(".config/byomd/policy.toml")).unwrap(),
+        "mine"
+    );
+    assert_eq!(
+        std::fs::read_to_string(h.root.join(".bashrc")).unwrap(),
+        "rc"
+    );
+    assert!(h.root.join(".config").exists());
+}
+
+#[test]
+fn exit_codes_and_signals_pass_through() {
+    let s = support();
+    let h = Home::new();
+    let mut spec = h.spec(&s);
+    sh(&mut spec, "exit 7", &h.root.join("work"));
+    assert_eq!(run(&spec).code, Some(7));
+    sh(&mut spec, "kill -TERM $$", &h.root.join("work"));
+    let r = run(&spec);
+    assert_eq!((r.code, r.signal), (None, Some(libc::SIGTERM)), "{}", r.out);
+    sh(&mut spec, "echo out; echo err >&2", &h.root.join("work"));
+    let r = run(&spec);
+    assert_eq!(r.code, Some(0));
+    assert!(r.out.contains("out") && r.out.contains("err"), "{}", r.out);
+}
+
+#[test]
+fn exec_and_setup_failures_are_reported_and_nothing_runs() {
+    let s = support();
+    let h = Home::new();
+    let mut spec = h.spec(&s);
+    spec.argv = vec!["no-such-program-byom".into()];
+    spec.env = vec!["PATH=/usr/bin:/bin".into()];
+    spec.cwd = h.root.join("work");
+    let r = run(&spec);
+    let rep = r.report.expect("a report");
+    assert!(!rep.ok && rep.exec_errno == libc::ENOENT, "{rep:?}");
+    assert!(rep.error.contains("cannot start"), "{rep:?}");
+    assert_eq!(r.code, Some(127));
+    // A layer that cannot be set up stops the command before it runs.
+    let marker = h.root.join("work/ran");
+    let mut spec = h.spec(&s);
+    sh(
+        &mut spec,
+        &format!("touch {}", marker.display()),
+        &h.root.join("work"),
+    );
+    spec.cwd = h.root.join("missing-dir");
+    let r = run(&spec);
+    let rep = r.report.expect("a report");
+    assert!(
+        !rep.ok && rep.error.contains("could not be set up"),
+        "{rep:?}"
+    );
+    assert_eq!(r.code, Some(125));
+    assert!(!marker.exists(), "the command ran anyway");
+}
+
+#[test]
+fn an_empty_command_is_refused() {
+    let r = run(&Spec {
+        cwd: "/".into(),
+        ..Default::default()
+    });
+    let rep = r.report.expect("a report");
+    assert!(!rep.ok && rep.error.contains("empty command"), "{rep:?}");
+    assert_eq!(r.code, Some(125));
+}
+
+/// What byomd planned is what the helper uses: a component of a planned
+/// path swapped for a symlink between the plan and the run (a concurrent
+/// command can do that in a write root) stops the command; it never
+/// lands on the symlink's target.
+#[test]
+fn a_planned_path_swapped_for_a_symlink_stops_the_command() {
+    let s = support();
+    let h = Home::new();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(outside.path().join("etc")).unwrap();
+    std::fs::create_dir_all(h.root.join("work/x/etc")).unwrap();
+    let mut spec = h.spec(&s);
+    // Planned with the real directory…
+    sh(
+        &mut spec,
+        "echo pwned > planted",
+        &h.root.join("work/x/etc"),
+    );
+    spec.write.push(h.root.join("work/x/etc"));
+    // …swapped before the helper runs.
+    std::fs::rename(h.root.join("work/x"), h.root.join("work/x.real")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), h.root.join("work/x")).unwrap();
+    let r = run(&spec);
+    let rep = r.report.expect("a report");
+    assert!(!rep.ok && rep.error.contains("without symlinks"), "{rep:?}");
+    assert!(
+        !outside.path().join("etc/planted").exists(),
+        "wrote through the swap"
+    );
+    // A hidden path swapped the same way is refused too, not left open.
+    std::fs::remove_file(h.root.join("work/x")).unwrap();
+    std::fs::rename(h.root.join("work/x.real"), h.root.join("work/x")).unwrap();
+    let mut spec = h.spec(&s);
+    sh(&mut spec, "true", &h.root.join("work"));
+    let ssh = h.root.join(".ssh");
+    assert!(spec.hide.contains(&ssh) || !spec.mount_ns, "{spec:?}");
+    if spec.mount_ns {
+        std::fs::rename(&ssh, h.root.join(".ssh.real")).unwrap();
+        std::os::unix::fs::symlink(h.root.join("work"), &ssh).unwrap();
+        let r = run(&spec);
+        assert!(!r.report.expect("a report").ok);
+    }
+}
