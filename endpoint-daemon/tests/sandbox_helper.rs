@@ -34,6 +34,7 @@ fn run(spec: &Spec) -> Run {
         .stdin(Stdio::null());
     let child = cmd.spawn().unwrap();
     drop(p.keep);
+    let _alive = p.alive;
     let report = sandbox::read_report(p.report);
     let out = child.wait_with_output().unwrap();
     Run {
@@ -101,7 +102,9 @@ impl Home {
             roots: &roots,
             cwd: &cwd,
             config_dir: &config,
+            config_aliases: Vec::new(),
             exe: None,
+            also_hide: Vec::new(),
             tmp: None,
         })
         .unwrap()
@@ -256,4 +259,82 @@ fn a_planned_path_swapped_for_a_symlink_stops_the_command() {
         let r = run(&spec);
         assert!(!r.report.expect("a report").ok);
     }
+}
+
+/// Dotfile managers make ~/.config, ~/.profile and ~/.ssh symlinks: the
+/// protection on their targets must not be undone by replacing the links
+/// (a fake config dir with the owner's policy rewritten, a login file, an
+/// ssh config).
+#[test]
+fn symlinks_on_the_way_to_what_is_protected_cannot_be_replaced() {
+    let s = support();
+    let dir = tempfile::tempdir().unwrap();
+    let home = std::fs::canonicalize(dir.path()).unwrap();
+    for d in ["dot/config/byomd", "dot/ssh", "work"] {
+        std::fs::create_dir_all(home.join(d)).unwrap();
+    }
+    std::fs::write(home.join("dot/config/byomd/policy.toml"), "mine").unwrap();
+    std::fs::write(home.join("dot/profile"), "# login").unwrap();
+    std::fs::write(home.join("dot/ssh/id"), "KEY").unwrap();
+    std::os::unix::fs::symlink("dot/config", home.join(".config")).unwrap();
+    std::os::unix::fs::symlink(home.join("dot/profile"), home.join(".profile")).unwrap();
+    std::os::unix::fs::symlink("dot/ssh", home.join(".ssh")).unwrap();
+    let rules = SandboxRules {
+        deny_read: vec!["~/.ssh".into()],
+        read_only: vec!["~/.profile".into()],
+        ..Default::default()
+    };
+    let roots = vec!["~".to_string()];
+    let cwd = home.join("work");
+    let config = home.join(".config/byomd");
+    let mut spec = build(&Context {
+        rules: &rules,
+        support: &s,
+        origin: Origin::Admin,
+        home: Some(home.clone()),
+        run_as_home: None,
+        uid: 0,
+        roots: &roots,
+        cwd: &cwd,
+        config_dir: &config,
+        config_aliases: Vec::new(),
+        exe: None,
+        also_hide: Vec::new(),
+        tmp: None,
+    })
+    .unwrap();
+    let h = home.display();
+    sh(
+        &mut spec,
+        &format!(
+            "rm -f {h}/.config {h}/.profile {h}/.ssh; mv {h}/.config {h}/c2; \
+             mkdir -p {h}/.config/byomd && echo evil > {h}/.config/byomd/policy.toml; \
+             echo evil > {h}/.profile; echo ok > {h}/work/out; cat {h}/work/out"
+        ),
+        &cwd,
+    );
+    let r = run(&spec);
+    assert!(
+        r.report.as_ref().is_some_and(|r| r.ok),
+        "{:?} {}",
+        r.report,
+        r.out
+    );
+    assert!(
+        r.out.contains("ok"),
+        "the rest of the home stays writable: {}",
+        r.out
+    );
+    for link in [".config", ".profile", ".ssh"] {
+        let m = std::fs::symlink_metadata(home.join(link)).unwrap();
+        assert!(m.file_type().is_symlink(), "{link} was replaced: {}", r.out);
+    }
+    assert_eq!(
+        std::fs::read_to_string(home.join("dot/config/byomd/policy.toml")).unwrap(),
+        "mine"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join("dot/profile")).unwrap(),
+        "# login"
+    );
 }

@@ -52,6 +52,7 @@ impl Lab {
         std::fs::create_dir_all(home.join(".ssh")).unwrap();
         std::fs::write(home.join(".ssh/id_test"), KEY).unwrap();
         std::fs::write(home.join(".bashrc"), "# mine\n").unwrap();
+        std::fs::create_dir_all(home.join(".config")).unwrap();
         let outside = PathBuf::from(format!(
             "/var/tmp/byom-sandbox-{}",
             dir.path().file_name().unwrap().to_string_lossy()
@@ -67,6 +68,7 @@ impl Lab {
                 home.join(".ssh"),
                 home.join(".ssh/id_test"),
                 home.join(".bashrc"),
+                home.join(".config"),
             ] {
                 std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
             }
@@ -369,6 +371,42 @@ fn attacks(l: &Lab) -> Vec<(&'static str, Verdict)> {
         },
     ));
 
+    // Credentials and login-time settings planted where nothing was yet.
+    let out = l.sh("mkdir -p ~/.aws ~/.config/environment.d; \
+         echo '[default]' > ~/.aws/credentials; \
+         echo 'LD_PRELOAD=/tmp/x.so' > ~/.config/environment.d/90-x.conf; true");
+    v.push((
+        "plant ~/.aws and ~/.config/environment.d",
+        if l.home.join(".aws/credentials").exists()
+            || l.home.join(".config/environment.d/90-x.conf").exists()
+        {
+            Err(format!("planted: {}", both(&out)))
+        } else {
+            Ok(())
+        },
+    ));
+
+    // Set-user-ID files (run by anyone, outside the sandbox).
+    let suid = l.home.join("suid");
+    let out = l.sh(&format!(
+        "cp /bin/true {0}; chmod 4755 {0}; chmod u+s {0}; true",
+        suid.display()
+    ));
+    let mode = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(&suid)
+            .map(|m| m.permissions().mode())
+            .unwrap_or(0)
+    };
+    v.push((
+        "make a set-user-ID file",
+        if mode & 0o6000 != 0 {
+            Err(format!("mode {mode:o}: {}", both(&out)))
+        } else {
+            Ok(())
+        },
+    ));
+
     // The way to byomd's dir, renamed so a fake one can take its place.
     let moved = PathBuf::from(format!("{c}.moved"));
     let out = l.sh(&format!(
@@ -487,6 +525,15 @@ fn the_network_follows_the_owners_rule_per_origin() {
         l.server.byom(&["commands", "show", &id]).status.success()
             && stdout(&l.server.byom(&["commands", "show", &id])).contains("network denied")
     );
+    // Nor a program's socket file (a credential cache, a resolver, tmux).
+    let sock = l.dir.path().join("svc.sock");
+    let _unix = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let unix_line = format!(
+        "/usr/bin/python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('{}'); print('reached')\"",
+        sock.display()
+    );
+    let out = l.sh(&unix_line);
+    assert!(!stdout(&out).contains("reached"), "{}", both(&out));
     // Its own loopback still works.
     let out = l.sh("/usr/bin/python3 -c \"import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); c=socket.create_connection(s.getsockname()); print('own loopback')\"");
     assert!(stdout(&out).contains("own loopback"), "{}", both(&out));
@@ -501,6 +548,19 @@ fn the_network_follows_the_owners_rule_per_origin() {
     assert!(stdout(&out).contains("connected"), "{}", both(&out));
     let out = l.sh(&connect_line(other));
     assert!(!stdout(&out).contains("connected"), "{}", both(&out));
+    // MPTCP is TCP that Landlock's port rules do not see.
+    let out = l.sh(&format!(
+        "/usr/bin/python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262); s.connect(('127.0.0.1', {other})); print('connected')\""
+    ));
+    assert!(!stdout(&out).contains("connected"), "{}", both(&out));
+    // With the network allowed, socket files work as ever.
+    let text = std::fs::read_to_string(&policy)
+        .unwrap()
+        .replace(&format!("admin = [{port}]"), "admin = \"allow\"");
+    std::fs::write(&policy, text).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let out = l.sh(&unix_line);
+    assert!(stdout(&out).contains("reached"), "{}", both(&out));
 }
 
 #[test]
@@ -595,4 +655,17 @@ EOF"#;
     assert!(stdout(&out).contains("nothing injected"), "{}", both(&out));
     // And the policy's guard is not what stopped it.
     assert!(out.status.success(), "{}", both(&out));
+}
+
+/// A command never outlives its daemon: with byomd gone nothing could
+/// time it out or cancel it.
+#[test]
+fn commands_end_when_byomd_dies() {
+    let mut l = Lab::start(false, "");
+    let marker = l.home.join("outlived");
+    l.detach(&format!("sleep 3; touch {}", marker.display()));
+    std::thread::sleep(Duration::from_millis(800));
+    l.d.kill9();
+    std::thread::sleep(Duration::from_millis(4000));
+    assert!(!marker.exists(), "the command outlived byomd");
 }

@@ -170,6 +170,9 @@ struct Spawned {
     child: tokio::process::Child,
     #[cfg(target_os = "linux")]
     sandbox: Option<crate::sandbox::Spec>,
+    /// Our end of the helper's "byomd is alive" pipe, held to the end.
+    #[cfg(target_os = "linux")]
+    alive: Option<std::os::fd::OwnedFd>,
     #[cfg(windows)]
     job: Option<crate::sandbox::windows::Job>,
 }
@@ -210,6 +213,7 @@ async fn spawn(
         let prepared = crate::sandbox::prepare(&host.helper, &spec)
             .map_err(|e| format!("cannot prepare the sandbox: {e}"))?;
         let report = prepared.report;
+        let alive = prepared.alive;
         let mut cmd = tokio::process::Command::from(prepared.cmd);
         stdio(&mut cmd, req);
         let child = cmd.spawn();
@@ -244,6 +248,7 @@ async fn spawn(
         return Ok(Spawned {
             child,
             sandbox: Some(spec),
+            alive: Some(alive),
         });
     }
     #[cfg(not(target_os = "linux"))]
@@ -293,6 +298,8 @@ async fn spawn(
                 child,
                 #[cfg(target_os = "linux")]
                 sandbox: None,
+                #[cfg(target_os = "linux")]
+                alive: None,
                 #[cfg(windows)]
                 job,
             })
@@ -353,6 +360,8 @@ pub(super) async fn run_process(
     let mut child = spawned.child;
     #[cfg(target_os = "linux")]
     let spawned_sandbox = spawned.sandbox;
+    #[cfg(target_os = "linux")]
+    let _alive = spawned.alive;
     let pid = child.id().unwrap_or(0);
     let tree = Tree {
         pgid: pid,

@@ -40,6 +40,14 @@ pub const DEFAULT_DENY_READ: &[&str] = &[
     "/run/dbus",
     "/run/systemd/private",
     "/tmp/tmux-*",
+    "/tmp/vscode-*",
+    "/tmp/kitty-*",
+    "/tmp/nvim*",
+    "~/.config/byomd*",
+    "~/.cache/git/credential",
+    "~/.colima",
+    "~/.lima",
+    "~/.rd",
     "/run/screen",
     "/tmp/screens",
     "/tmp/emacs*",
@@ -56,12 +64,35 @@ pub const DEFAULT_DENY_READ: &[&str] = &[
     "/var/snap/lxd/common/lxd",
 ];
 
+/// Directories of the lists above that byomd makes (empty, 0700) when
+/// they are missing and their parent exists, so that they are covered
+/// from the first command on: a path that does not exist cannot be
+/// covered, and whatever a command then created there (an ssh config, a
+/// user service, an environment for the next login) would be read or run
+/// outside the sandbox. `{uid}` is the user's id (tmux's socket dir).
+pub const MADE_IF_MISSING: &[&str] = &[
+    "~/.ssh",
+    "~/.gnupg",
+    "~/.aws",
+    "~/.azure",
+    "~/.config/gcloud",
+    "~/.kube",
+    "~/.docker",
+    "~/.config/gh",
+    "~/.config/autostart",
+    "~/.config/environment.d",
+    "~/.config/systemd",
+    "~/.config/git",
+    "/tmp/tmux-{uid}",
+];
+
 /// Paths commands may read but never change, even under a write root:
 /// files that run code outside the sandbox later (your shell's startup
 /// files, user services, git's configuration). byomd's own binary is
 /// always among them.
 pub const DEFAULT_READ_ONLY: &[&str] = &[
     "~/.bashrc",
+    "~/.bash_aliases",
     "~/.bash_profile",
     "~/.bash_login",
     "~/.bash_logout",
@@ -80,6 +111,7 @@ pub const DEFAULT_READ_ONLY: &[&str] = &[
     "~/.config/systemd",
     "~/.local/share/systemd",
     "~/Library/LaunchAgents",
+    "~/.local/share/applications",
     "~/.gitconfig",
     "~/.config/git",
 ];

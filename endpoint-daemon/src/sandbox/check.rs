@@ -173,6 +173,7 @@ fn run_here(host: &Host, spec: &super::Spec) -> anyhow::Result<i32> {
     let mut p = super::prepare(&host.helper, spec).context("cannot prepare the sandbox")?;
     let mut child = p.cmd.spawn().context("cannot start the sandbox helper")?;
     drop(p.keep);
+    let _alive = p.alive;
     if let Some(r) = super::read_report(p.report) {
         if !r.ok {
             let _ = child.wait();

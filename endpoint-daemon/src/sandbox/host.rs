@@ -55,6 +55,17 @@ impl Host {
         let exe = std::env::current_exe()
             .ok()
             .and_then(|e| std::fs::canonicalize(e).ok());
+        if let Some(e) = &exe {
+            use std::os::unix::fs::MetadataExt;
+            // Only this name of the file is kept read-only: another hard
+            // link to it in a write root would let a command change it.
+            if std::fs::metadata(e).is_ok_and(|m| m.nlink() > 1) {
+                tracing::warn!(
+                    "{} has other hard links: commands that may write where one of them is could change byomd's binary; install byomd as a file of its own",
+                    e.display()
+                );
+            }
+        }
         let tmp_root = match tmp_root(tag, clean) {
             Ok(d) => Some(d),
             Err(e) => {
@@ -86,6 +97,7 @@ impl Host {
     /// The sandbox of one command (argv, env and cwd filled by
     /// [`Host::finish`]).
     pub fn plan(&self, r: &Request) -> Result<Spec, String> {
+        make_if_missing(r.rules);
         let home = std::env::var_os("HOME").map(PathBuf::from);
         // SAFETY: getuid has no preconditions.
         let uid = r.run_as.map(|u| u.uid).unwrap_or(unsafe { libc::getuid() });
@@ -99,7 +111,9 @@ impl Host {
             roots: r.roots,
             cwd: r.cwd,
             config_dir: r.config_dir,
+            config_aliases: vec![crate::identity::default_config_dir()],
             exe: self.exe.as_deref(),
+            also_hide: self.other_tmp_roots(),
             tmp: self.tmp_for(r.command_id),
         })
     }
@@ -146,6 +160,27 @@ impl Host {
         spec.cwd = cwd.to_path_buf();
         spec.user = run_as.map(|r| (r.uid, r.gid));
         Ok(())
+    }
+
+    /// Other daemons' (and `byomd sandbox check`'s) temp-dir folders of
+    /// this user: their commands' files are not this command's business.
+    fn other_tmp_roots(&self) -> Vec<PathBuf> {
+        // SAFETY: geteuid has no preconditions.
+        let prefix = format!("byomd-{}-", unsafe { libc::geteuid() });
+        let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .map(|e| e.path())
+            .filter(|p| Some(p) != self.tmp_root.as_ref())
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .take(plan::MAX_GLOB_MATCHES)
+            .collect()
     }
 
     /// Removes the temp dirs' folder (`byomd sandbox check` is done).
@@ -209,4 +244,37 @@ fn make_private_dir(p: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> 
         std::os::unix::fs::chown(p, Some(uid), Some(gid))?;
     }
     Ok(())
+}
+
+/// Makes the missing directories of [`MADE_IF_MISSING`] that the owner's
+/// lists still name, so they can be covered (see there).
+fn make_if_missing(rules: &SandboxRules) {
+    use crate::policy::sandbox::MADE_IF_MISSING;
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(home) = std::env::var_os("HOME").map(PathBuf::from) else {
+        return;
+    };
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    for entry in MADE_IF_MISSING {
+        let named = rules
+            .deny_read
+            .iter()
+            .chain(&rules.read_only)
+            .any(|e| e == entry || (entry.starts_with("/tmp/tmux-") && e == "/tmp/tmux-*"));
+        if !named {
+            continue;
+        }
+        let text = entry.replace("{uid}", &uid.to_string());
+        let Some(p) = crate::policy::rules::expand(&text, Some(&home)) else {
+            continue;
+        };
+        if std::fs::symlink_metadata(&p).is_ok() || !p.parent().is_some_and(Path::is_dir) {
+            continue;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+            Ok(()) => tracing::info!("made {} (empty) so commands cannot use it", p.display()),
+            Err(e) => tracing::warn!("cannot make {} to keep it from commands: {e}", p.display()),
+        }
+    }
 }

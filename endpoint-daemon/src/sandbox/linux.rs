@@ -47,6 +47,9 @@ pub const SPEC_FD: RawFd = 3;
 /// Where the helper reports (one JSON line; end of file once the command
 /// was exec'd).
 pub const REPORT_FD: RawFd = 4;
+/// The read end of a pipe whose write end only byomd holds: its end of
+/// file means byomd is gone, and the command is ended with it.
+pub const ALIVE_FD: RawFd = 5;
 /// The exit code of a helper that could not set the sandbox up.
 pub const SETUP_FAILED: i32 = 125;
 /// Largest spec the helper reads.
@@ -60,13 +63,14 @@ const HIDDEN_FILE: &str = "/dev/.byomd-hidden";
 /// no process and would otherwise grow to half the machine's memory.
 const DEV_SHM_OPTIONS: &CStr = c"mode=1777,size=256m";
 
-/// Capabilities a command keeps in its bounding set (what a root command
-/// ordinarily uses: chown, dac_override, fowner, fsetid, kill, setgid,
-/// setuid, net_bind_service, net_raw, ipc_lock, sys_nice, audit_write);
-/// everything else (mounts, modules, raw I/O, ptrace, device nodes, file
-/// capabilities, the audit and MAC knobs…) is dropped. This is what binds
-/// a command byomd runs as root, which gets no user namespace.
-const KEEP_CAPS: &[u32] = &[0, 1, 3, 4, 5, 6, 7, 10, 13, 14, 23, 29];
+/// Capabilities a command keeps in its bounding set (chown, dac_override,
+/// kill, setgid, setuid, ipc_lock, sys_nice, audit_write: what a root
+/// command ordinarily uses on its own files); everything else is dropped:
+/// mounts, modules, raw I/O, ptrace, device nodes, file capabilities, raw
+/// sockets (which would sniff the machine's loopback), privileged ports,
+/// set-id bits on others' files, the audit and MAC knobs. This is what
+/// binds a command byomd runs as root, which gets no user namespace.
+const KEEP_CAPS: &[u32] = &[0, 1, 5, 6, 7, 14, 23, 29];
 
 /// Signals passed on to the command.
 const FORWARDED: &[i32] = &[
@@ -117,6 +121,7 @@ pub fn helper_main() -> ! {
     // SAFETY: an fcntl on our own descriptor.
     unsafe {
         libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(ALIVE_FD, libc::F_SETFD, libc::FD_CLOEXEC);
     }
     let spec = match read_spec() {
         Ok(s) => s,
@@ -480,12 +485,54 @@ fn helper_wait(
     _alive: OwnedFd,
 ) -> Result<Never, String> {
     let mut status_r = Some(status_r);
+    // SAFETY: a signalfd for the signals this thread blocked.
+    let sigfd = unsafe { libc::signalfd(-1, set, libc::SFD_CLOEXEC) };
+    if sigfd < 0 {
+        return Err(err("signalfd"));
+    }
+    // SAFETY: fcntl on a descriptor number: fails if it is not open.
+    let watch_byomd = unsafe { libc::fcntl(ALIVE_FD, libc::F_GETFD) } >= 0;
     loop {
-        // SAFETY: sigwaitinfo on signals this thread blocked.
-        let sig = unsafe { libc::sigwaitinfo(set, std::ptr::null_mut()) };
-        if sig < 0 {
+        let mut fds = [
+            libc::pollfd {
+                fd: sigfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                // A negative fd is ignored by poll.
+                fd: if watch_byomd { ALIVE_FD } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: polling our own descriptors.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
             continue;
         }
+        if fds[1].revents != 0 {
+            // byomd is gone (its end of the pipe closed): nothing would
+            // ever time this command out or cancel it. End it.
+            // SAFETY: killing our own child, whose death ends the
+            // namespace; then we follow.
+            unsafe {
+                libc::kill(init, libc::SIGKILL);
+                libc::_exit(SETUP_FAILED);
+            }
+        }
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        // SAFETY: reading one siginfo record into a struct of its size.
+        let n = unsafe {
+            libc::read(
+                sigfd,
+                (&mut info as *mut libc::signalfd_siginfo).cast(),
+                std::mem::size_of::<libc::signalfd_siginfo>(),
+            )
+        };
+        if n != std::mem::size_of::<libc::signalfd_siginfo>() as isize {
+            continue;
+        }
+        let sig = info.ssi_signo as i32;
         if sig != libc::SIGCHLD {
             // SAFETY: a signal to our own child.
             unsafe { libc::kill(init, sig) };
@@ -674,6 +721,8 @@ fn command(spec: &Spec, t0: Instant, old: &libc::sigset_t) -> Result<Never, Stri
                 seccomp::Sockets::Local
             } else if spec.net_ns {
                 seccomp::Sockets::Namespaced
+            } else if !spec.ports.is_empty() {
+                seccomp::Sockets::Ports
             } else {
                 seccomp::Sockets::Any
             },

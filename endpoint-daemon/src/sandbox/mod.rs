@@ -122,12 +122,12 @@ impl Support {
         let mut missing = Vec::new();
         if !self.mount_ns {
             missing.push(
-                "no mount namespace: byomd's files and sandbox.deny_read are kept out by Landlock alone, and sandbox.read_only is not enforced"
+                "no mount namespace: byomd's files and sandbox.deny_read are kept out by Landlock alone, sandbox.read_only by granting around it, and commands share one temp dir folder"
                     .to_string(),
             );
         }
         if !self.pid_ns {
-            missing.push("no PID namespace: a command's background processes can outlive it, and it sees other processes".into());
+            missing.push("no PID namespace: a command's background processes can outlive it, and it sees other processes (their command lines, secrets substituted into them included)".into());
         }
         if self.landlock_abi == 0 {
             missing.push("no Landlock: writes are not confined to the write roots".into());
@@ -146,6 +146,14 @@ impl Support {
             missing.push(
                 "no network namespace: a denied network is denied by refusing IP sockets".into(),
             );
+        }
+        if (1..3).contains(&self.landlock_abi) {
+            missing.push(
+                "Landlock below ABI 3: files outside the write roots can still be truncated".into(),
+            );
+        }
+        if (1..5).contains(&self.landlock_abi) {
+            missing.push("Landlock below ABI 5: ioctls on devices are not confined".into());
         }
         if (1..6).contains(&self.landlock_abi) {
             missing.push("Landlock below ABI 6: abstract unix sockets (X11's, some agents') and signals outside are not scoped".into());
@@ -239,6 +247,8 @@ pub struct Prepared {
     pub report: std::os::fd::OwnedFd,
     /// The spec's memfd and the report's write end: dropped once spawned.
     pub keep: Vec<std::os::fd::OwnedFd>,
+    /// Held while the command runs: when byomd goes, so does the command.
+    pub alive: std::os::fd::OwnedFd,
 }
 
 #[cfg(target_os = "linux")]
@@ -259,17 +269,15 @@ pub fn prepare(helper: &Path, spec: &Spec) -> std::io::Result<Prepared> {
     f.write_all(&json)?;
     f.rewind()?;
     let memfd = OwnedFd::from(f);
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills fds.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors are new and ours.
-    let (report_r, report_w) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (report_r, report_w) = pipe()?;
+    let (alive_r, alive_w) = pipe()?;
     let mut cmd = std::process::Command::new(helper);
     cmd.arg(linux::HELPER_ARG).env_clear();
-    let (spec_fd, rep_fd) = (memfd.as_raw_fd(), report_w.as_raw_fd());
+    let fds = [
+        (memfd.as_raw_fd(), linux::SPEC_FD),
+        (report_w.as_raw_fd(), linux::REPORT_FD),
+        (alive_r.as_raw_fd(), linux::ALIVE_FD),
+    ];
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -278,15 +286,19 @@ pub fn prepare(helper: &Path, spec: &Spec) -> std::io::Result<Prepared> {
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // Out of the way first, in case either already sits on 3 or 4.
-            let a = libc::fcntl(spec_fd, libc::F_DUPFD_CLOEXEC, 10);
-            let b = libc::fcntl(rep_fd, libc::F_DUPFD_CLOEXEC, 10);
-            if a < 0
-                || b < 0
-                || libc::dup2(a, linux::SPEC_FD) < 0
-                || libc::dup2(b, linux::REPORT_FD) < 0
-            {
-                return Err(std::io::Error::last_os_error());
+            // Out of the way first (any may already sit on 3, 4 or 5),
+            // then into place.
+            let mut high = [0; 3];
+            for (i, (fd, _)) in fds.iter().enumerate() {
+                high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10);
+                if high[i] < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (i, (_, to)) in fds.iter().enumerate() {
+                if libc::dup2(high[i], *to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -294,8 +306,21 @@ pub fn prepare(helper: &Path, spec: &Spec) -> std::io::Result<Prepared> {
     Ok(Prepared {
         cmd,
         report: report_r,
-        keep: vec![memfd, report_w],
+        keep: vec![memfd, report_w, alive_r],
+        alive: alive_w,
     })
+}
+
+#[cfg(target_os = "linux")]
+fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills fds.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Most of the report pipe byomd reads.

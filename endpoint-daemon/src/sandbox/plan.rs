@@ -87,8 +87,13 @@ pub struct Context<'a> {
     /// byomd's config dir: identity, policy, secrets, approvals, audit,
     /// pause switch, run files.
     pub config_dir: &'a Path,
+    /// Other names of the config dir (as the owner's `byomd` finds it by
+    /// default): the symlinks on the way to it need guarding too.
+    pub config_aliases: Vec<PathBuf>,
     /// byomd's own binary.
     pub exe: Option<&'a Path>,
+    /// More to hide whatever the rules say (other daemons' temp dirs).
+    pub also_hide: Vec<PathBuf>,
     pub tmp: Option<Tmp>,
 }
 
@@ -128,6 +133,19 @@ impl Context<'_> {
     /// resolved on disk; entries that name nothing existing are dropped
     /// (there is nothing there to protect or grant).
     fn resolve(&self, entry: &str, both_homes: bool) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = self
+            .raw(entry, both_homes)
+            .into_iter()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// An entry's paths as written (tokens, `~` and globs expanded), before
+    /// any symlink on the way is followed.
+    fn raw(&self, entry: &str, both_homes: bool) -> Vec<PathBuf> {
         let mut raw: Vec<PathBuf> = Vec::new();
         if let Some(rest) = entry.strip_prefix("{roots}") {
             for r in self.roots {
@@ -149,14 +167,16 @@ impl Context<'_> {
                 }
             }
         }
-        let mut out: Vec<PathBuf> = raw
-            .into_iter()
-            .flat_map(glob_paths)
-            .filter_map(|p| std::fs::canonicalize(p).ok())
-            .collect();
-        out.sort();
-        out.dedup();
-        out
+        raw.into_iter().flat_map(glob_paths).collect()
+    }
+
+    /// The symlinks on the way to each path the entries name.
+    fn links_all(&self, entries: &[String]) -> Vec<PathBuf> {
+        entries
+            .iter()
+            .flat_map(|e| self.raw(e, true))
+            .flat_map(|p| links_on_the_way(&p))
+            .collect()
     }
 
     fn resolve_all(&self, entries: &[String], both_homes: bool) -> Vec<PathBuf> {
@@ -168,6 +188,68 @@ impl Context<'_> {
         out.dedup();
         out
     }
+}
+
+/// Most symlinks followed on the way to one path (the kernel's own bound).
+const MAX_LINK_HOPS: usize = 40;
+
+/// The symlinks met on the way to `p` (each as its canonical directory
+/// and its name): a protection put on where they lead is only as good as
+/// the links themselves, which whoever may write beside them can replace.
+pub fn links_on_the_way(p: &Path) -> Vec<PathBuf> {
+    use std::collections::VecDeque;
+    use std::path::Component;
+    let mut out = Vec::new();
+    let mut cur = PathBuf::from("/");
+    let mut pending: VecDeque<std::ffi::OsString> = VecDeque::new();
+    let push_all = |q: &mut VecDeque<std::ffi::OsString>, path: &Path, front: bool| {
+        let parts: Vec<std::ffi::OsString> = path
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_os_string()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .collect();
+        if front {
+            for c in parts.into_iter().rev() {
+                q.push_front(c);
+            }
+        } else {
+            q.extend(parts);
+        }
+    };
+    if !p.is_absolute() {
+        return out;
+    }
+    push_all(&mut pending, p, false);
+    let mut hops = 0;
+    while let Some(c) = pending.pop_front() {
+        if c == ".." {
+            cur.pop();
+            continue;
+        }
+        let next = cur.join(&c);
+        match std::fs::symlink_metadata(&next) {
+            Ok(m) if m.file_type().is_symlink() => {
+                hops += 1;
+                let Ok(target) = std::fs::read_link(&next) else {
+                    break;
+                };
+                if hops > MAX_LINK_HOPS {
+                    break;
+                }
+                out.push(next);
+                if target.is_absolute() {
+                    cur = PathBuf::from("/");
+                }
+                push_all(&mut pending, &target, true);
+            }
+            Ok(_) => cur = next,
+            Err(_) => break,
+        }
+    }
+    out
 }
 
 fn join_rest(base: PathBuf, rest: &str) -> PathBuf {
@@ -259,6 +341,7 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
     let config = std::fs::canonicalize(cx.config_dir).unwrap_or_else(|_| cx.config_dir.into());
     let mut hide = cx.resolve_all(&rules.deny_read, true);
     hide.push(config);
+    hide.extend(cx.also_hide.iter().cloned());
     let hide = outermost(hide);
     if under_any(cx.cwd, &hide) {
         return Err(format!(
@@ -287,12 +370,31 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
         write.push(t.own.clone());
     }
     let write = outermost(write);
+    // The symlinks on the way to what is protected, where a command could
+    // replace them (their directory is writable): a write root holding one
+    // is granted around it (what is in that directory stays writable; the
+    // directory itself gets no new or removed entries).
+    let mut links = cx.links_all(&rules.deny_read);
+    links.extend(cx.links_all(&rules.read_only));
+    for c in std::iter::once(cx.config_dir).chain(cx.config_aliases.iter().map(PathBuf::as_path)) {
+        links.extend(links_on_the_way(c));
+    }
+    links.sort();
+    links.dedup();
+    let links: Vec<PathBuf> = links
+        .into_iter()
+        .filter(|l| l.parent().is_some_and(|d| under_any(d, &write)))
+        .collect();
 
     if spec.mount_ns {
         // Every directory between a write root and something protected
         // could be renamed away (taking the protection with it) unless it
         // is a mount point.
-        let mut guarded: Vec<&PathBuf> = hide.iter().chain(read_only.iter()).collect();
+        let mut guarded: Vec<&PathBuf> = hide
+            .iter()
+            .chain(read_only.iter())
+            .chain(links.iter())
+            .collect();
         if let Some(t) = &cx.tmp {
             guarded.push(&t.cover);
         }
@@ -311,8 +413,21 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
         spec.pin = pin;
         spec.hide = hide;
         spec.read_only = read_only;
-        spec.write = write;
         spec.read = vec![PathBuf::from("/")];
+        if links.is_empty() {
+            spec.write = write;
+        } else {
+            let mut budget = MAX_CARVED;
+            let (mut granted, mut listed) = (Vec::new(), Vec::new());
+            for w in &write {
+                carve(w, &links, &mut granted, &mut listed, &mut budget)?;
+            }
+            if let Some(t) = &cx.tmp {
+                granted.push(t.own.clone());
+            }
+            spec.write = outermost(granted);
+            spec.list = listed;
+        }
     } else {
         // Landlock alone: carve reads around what is hidden, writes
         // around everything protected. The temp dir stays the command's
@@ -320,7 +435,13 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
         let mut budget = MAX_CARVED;
         let (mut read, mut list) = (Vec::new(), Vec::new());
         carve(Path::new("/"), &hide, &mut read, &mut list, &mut budget)?;
-        let protected: Vec<PathBuf> = outermost(hide.iter().chain(&read_only).cloned().collect());
+        let protected: Vec<PathBuf> = outermost(
+            hide.iter()
+                .chain(&read_only)
+                .chain(&links)
+                .cloned()
+                .collect(),
+        );
         let mut granted = Vec::new();
         let mut w_list = Vec::new();
         for w in &write {
@@ -408,7 +529,9 @@ mod tests {
             roots: &roots,
             cwd: &cwd,
             config_dir: &config,
+            config_aliases: Vec::new(),
             exe: None,
+            also_hide: Vec::new(),
             tmp: None,
         })
     }
@@ -484,7 +607,9 @@ mod tests {
             roots: &roots,
             cwd: &cwd,
             config_dir: &cwd,
+            config_aliases: Vec::new(),
             exe: None,
+            also_hide: Vec::new(),
             tmp: None,
         })
         .unwrap_err();

@@ -16,11 +16,18 @@
 pub enum Sockets {
     #[default]
     Any,
-    /// In a network namespace of its own: local and IP sockets (which the
-    /// namespace confines), but none of the families a namespace does not
-    /// (VSOCK to the hypervisor, Bluetooth, CAN…).
+    /// A list of TCP ports (Landlock): only local, IP and netlink sockets,
+    /// and none of the IP protocols Landlock's TCP rules do not see
+    /// (MPTCP, SCTP).
+    Ports,
+    /// The network denied, in a network namespace of its own: IP sockets
+    /// (the namespace confines them) and netlink, but no unix sockets (a
+    /// socket file reaches programs outside: credential caches, DNS
+    /// resolvers, terminal multiplexers…) and none of the families a
+    /// namespace does not confine (VSOCK to the hypervisor, Bluetooth…).
+    /// `socketpair` and pipes still work.
     Namespaced,
-    /// No network namespace could be made: local sockets only.
+    /// The network denied where no namespace could be made: netlink only.
     Local,
 }
 
@@ -60,6 +67,29 @@ const AUDIT_ARCH: u32 = 0xC000_00B7;
 pub const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
 
 const TIOCSTI: u32 = 0x5412;
+const IPPROTO_MPTCP: u32 = 262;
+/// S_ISUID | S_ISGID.
+const SET_ID_BITS: u32 = 0o6000;
+
+/// Calls that take a file mode, and which argument it is.
+fn mode_args() -> Vec<(libc::c_long, u32)> {
+    let mut v = vec![
+        (libc::SYS_fchmod, 1),
+        (libc::SYS_fchmodat, 2),
+        // fchmodat2 (Linux 6.6)
+        (452, 2),
+        (libc::SYS_openat, 3),
+        (libc::SYS_mknodat, 2),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        (libc::SYS_chmod, 1),
+        (libc::SYS_open, 2),
+        (libc::SYS_creat, 1),
+        (libc::SYS_mknod, 1),
+    ]);
+    v
+}
 const TIOCLINUX: u32 = 0x541C;
 
 const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
@@ -181,6 +211,8 @@ pub fn program(opts: Options) -> Vec<libc::sock_filter> {
     // glibc falls back to clone when clone3 is missing; clone3's flags sit
     // behind a pointer the filter cannot read.
     refuse_if(&mut p, libc::SYS_clone3 as u32, errno(libc::ENOSYS));
+    // openat2 takes its mode behind a pointer; callers fall back to openat.
+    refuse_if(&mut p, libc::SYS_openat2 as u32, errno(libc::ENOSYS));
     block(
         &mut p,
         libc::SYS_clone,
@@ -202,28 +234,48 @@ pub fn program(opts: Options) -> Vec<libc::sock_filter> {
             stmt(RET_K, RET_ALLOW),
         ],
     );
-    // Local sockets: AF_UNIX, and netlink (which reads, and without
-    // CAP_NET_ADMIN cannot change, the network it is in).
+    // Netlink reads, and without CAP_NET_ADMIN cannot change, the network
+    // it is in.
     let families: &[i32] = match opts.sockets {
         Sockets::Any => &[],
-        Sockets::Namespaced => &[
+        Sockets::Ports => &[
             libc::AF_UNIX,
             libc::AF_NETLINK,
             libc::AF_INET,
             libc::AF_INET6,
         ],
-        Sockets::Local => &[libc::AF_UNIX, libc::AF_NETLINK],
+        Sockets::Namespaced => &[libc::AF_NETLINK, libc::AF_INET, libc::AF_INET6],
+        Sockets::Local => &[libc::AF_NETLINK],
     };
     if !families.is_empty() {
         let n = families.len() as u8;
         let mut body = vec![stmt(LD_W_ABS, off_arg(0))];
         for (i, f) in families.iter().enumerate() {
-            // Found: jump over the rest and the refusal to the allow.
+            // Found: jump over the rest and the refusal to the protocol
+            // check.
             body.push(jump(JEQ_K, *f as u32, n - i as u8, 0));
         }
         body.push(stmt(RET_K, errno(libc::EPERM)));
+        body.push(stmt(LD_W_ABS, off_arg(2)));
+        body.push(jump(JEQ_K, IPPROTO_MPTCP, 1, 0));
+        body.push(jump(JEQ_K, libc::IPPROTO_SCTP as u32, 0, 1));
+        body.push(stmt(RET_K, errno(libc::EPERM)));
         body.push(stmt(RET_K, RET_ALLOW));
         block(&mut p, libc::SYS_socket, body);
+    }
+    // No set-user-ID or set-group-ID files: a root command would leave one
+    // for anyone outside the sandbox to run as root.
+    for (nr, arg) in mode_args() {
+        block(
+            &mut p,
+            nr,
+            vec![
+                stmt(LD_W_ABS, off_arg(arg)),
+                jump(JSET_K, SET_ID_BITS, 0, 1),
+                stmt(RET_K, errno(libc::EPERM)),
+                stmt(RET_K, RET_ALLOW),
+            ],
+        );
     }
     p.push(stmt(RET_K, RET_ALLOW));
     p
@@ -333,7 +385,7 @@ mod tests {
     }
 
     #[test]
-    fn sockets_can_be_denied_but_unix_ones_stay() {
+    fn sockets_can_be_denied_but_socketpairs_stay() {
         let code = in_child(
             Options {
                 sockets: Sockets::Local,
@@ -350,11 +402,13 @@ mod tests {
                 if libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0) != -1 {
                     return 5;
                 }
-                let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
-                if s < 0 {
+                if libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) != -1 {
                     return 3;
                 }
-                libc::close(s);
+                let mut pair = [0; 2];
+                if libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) != 0 {
+                    return 6;
+                }
                 if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) != -1 || errno() != libc::EPERM {
                     return 4;
                 }
@@ -388,11 +442,82 @@ mod namespaced {
                 let unix = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
                 let vsock = libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0);
                 let packet = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-                libc::_exit(if ip >= 0 && unix >= 0 && vsock == -1 && packet == -1 {
-                    0
-                } else {
-                    1
-                });
+                let mptcp = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 262);
+                libc::_exit(
+                    if ip >= 0 && unix == -1 && vsock == -1 && packet == -1 && mptcp == -1 {
+                        0
+                    } else {
+                        1
+                    },
+                );
+            }
+            let mut st = 0;
+            libc::waitpid(pid, &mut st, 0);
+            libc::WEXITSTATUS(st)
+        };
+        assert_eq!(code, 0);
+    }
+}
+
+#[cfg(test)]
+mod modes {
+    use super::*;
+
+    #[test]
+    fn no_set_id_files_and_ports_mode_refuses_mptcp() {
+        let prog = program(Options {
+            sockets: Sockets::Ports,
+            deny_ptrace: false,
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let name = |n: &str| {
+            std::ffi::CString::new(dir.path().join(n).as_os_str().as_encoded_bytes()).unwrap()
+        };
+        let (f, g) = (name("f"), name("g"));
+        // SAFETY: the child only makes raw syscalls and exits.
+        let code = unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0);
+            if pid == 0 {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                if install(&prog).is_err() {
+                    libc::_exit(100);
+                }
+                let fd = libc::openat(
+                    libc::AT_FDCWD,
+                    f.as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY,
+                    0o644,
+                );
+                if fd < 0 {
+                    libc::_exit(1);
+                }
+                if libc::fchmod(fd, 0o4755) != -1
+                    || libc::fchmodat(libc::AT_FDCWD, f.as_ptr(), 0o2755, 0) != -1
+                {
+                    libc::_exit(2);
+                }
+                if libc::fchmod(fd, 0o755) != 0 {
+                    libc::_exit(3);
+                }
+                if libc::openat(
+                    libc::AT_FDCWD,
+                    g.as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY,
+                    0o4755,
+                ) != -1
+                {
+                    libc::_exit(4);
+                }
+                if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 262) != -1 {
+                    libc::_exit(5);
+                }
+                if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) < 0
+                    || libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0
+                {
+                    libc::_exit(6);
+                }
+                libc::_exit(0);
             }
             let mut st = 0;
             libc::waitpid(pid, &mut st, 0);
