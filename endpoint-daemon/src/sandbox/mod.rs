@@ -31,6 +31,8 @@ pub mod linux;
 #[cfg(target_os = "linux")]
 mod mount;
 #[cfg(target_os = "linux")]
+mod probe;
+#[cfg(target_os = "linux")]
 pub mod seccomp;
 #[cfg(windows)]
 pub mod windows;
