@@ -232,7 +232,7 @@ fn main() {
         use byom_daemon::sandbox::linux;
         match std::env::args_os().nth(1).as_ref().and_then(|a| a.to_str()) {
             Some(linux::HELPER_ARG) => linux::helper_main(),
-            Some(linux::PROBE_ARG) => linux::probe_main(),
+            Some(linux::PROBE_ARG) => byom_daemon::sandbox::probe::probe_main(),
             _ => {}
         }
     }

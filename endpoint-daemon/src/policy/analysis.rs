@@ -256,7 +256,7 @@ fn joined(words: &[Arg]) -> Option<String> {
 /// `/proc/self/fd/3`, also reached by `../../dev/stdin`), and whether it
 /// is some other device or process file (`/dev/tcp/…`, `/proc/…`).
 fn descriptor(path: &str) -> (Option<i32>, bool) {
-    let n = super::rules::normalize(path);
+    let n = super::paths::normalize(path);
     let climbs = n.starts_with('/') || n.starts_with("..");
     let rest = n.trim_start_matches(['/', '.']);
     let parts: Vec<&str> = rest.split('/').collect();

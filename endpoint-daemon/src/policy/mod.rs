@@ -19,6 +19,7 @@
 //! never mean "anything goes".
 
 pub mod analysis;
+pub mod paths;
 pub mod rules;
 pub mod sandbox;
 

@@ -891,5 +891,3 @@ fn landlock(spec: &Spec) -> Result<(), String> {
     }
     Ok(())
 }
-
-pub use super::probe::probe_main;

@@ -31,7 +31,7 @@ pub mod linux;
 #[cfg(target_os = "linux")]
 mod mount;
 #[cfg(target_os = "linux")]
-mod probe;
+pub mod probe;
 #[cfg(target_os = "linux")]
 pub mod seccomp;
 #[cfg(windows)]
