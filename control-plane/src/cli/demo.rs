@@ -361,6 +361,40 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
         &o,
         &e,
     );
+    // Beneath the policy, the kernel: byomd's own files are out of reach
+    // of anything a command does.
+    let sandbox = c
+        .get_machine(pb::MachineRef {
+            machine: "demo-laptop".into(),
+        })
+        .await?
+        .into_inner()
+        .machine
+        .unwrap_or_default()
+        .sandbox;
+    let policy_file = dir.join("daemon").join("policy.toml");
+    if sandbox.starts_with("none") {
+        println!("   no OS sandbox here: {sandbox}");
+    } else {
+        let (cmd, o, e) = run_cmd(
+        &mut c,
+        "demo-laptop",
+        pb::CreateCommandRequest {
+            shell: format!(
+                "printf '[commands]\\nallow = []\\n' > {0} || echo \"the laptop's sandbox ({sandbox}) kept {0} out of reach\"",
+                policy_file.display()
+            ),
+            ..Default::default()
+        },
+    )
+    .await?;
+        show(
+            "a command tries to rewrite the laptop's policy file",
+            &cmd,
+            &o,
+            &e,
+        );
+    }
 
     println!("\n6. stop the daemon, queue a command for the offline machine");
     daemon.stop();
