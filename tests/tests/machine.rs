@@ -421,8 +421,12 @@ fn server_kill9_mid_command_loses_nothing_runs_nothing_twice() {
         ],
     );
     let queued_for_later = {
+        // Started on the machine (`commands show` would follow its output
+        // to the end, so the file it writes first tells).
         wait_for("running", T, || {
-            (server.command(&id)["state"] == "running").then_some(())
+            std::fs::read_to_string(&runs)
+                .is_ok_and(|t| t == "x\n")
+                .then_some(())
         });
         server.detach("lap", &[], &["echo", "after"])
     };
