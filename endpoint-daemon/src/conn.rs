@@ -1147,7 +1147,7 @@ pub async fn doctor(dir: &Path) -> Vec<Check> {
             format!("{e:#}: fix the file; byomd run refuses to start with it"),
         ),
     }
-    if crate::paused_flag(dir).exists() {
+    if crate::is_paused(dir) {
         check(
             "paused",
             false,

@@ -224,7 +224,7 @@ impl Runner {
             || self
                 .config_dir
                 .as_ref()
-                .is_some_and(|d| crate::paused_flag(d).exists())
+                .is_some_and(|d| crate::is_paused(d))
     }
 
     pub fn set_draining(&self, on: bool) {

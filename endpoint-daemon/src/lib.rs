@@ -32,3 +32,12 @@ pub use byom_wire::{hostname, now_ms};
 pub fn paused_flag(config_dir: &std::path::Path) -> std::path::PathBuf {
     config_dir.join("paused")
 }
+
+/// Whether the owner paused byomd. A flag that cannot be looked at counts
+/// as set: the kill switch fails closed.
+pub fn is_paused(config_dir: &std::path::Path) -> bool {
+    match std::fs::symlink_metadata(paused_flag(config_dir)) {
+        Ok(_) => true,
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
+}

@@ -599,7 +599,7 @@ fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<i32> {
     let validity = byom_daemon::tls::cert_validity(&id.cert_pem);
     let run = byom_daemon::conn::RunStatus::load(dir).filter(|_| byom_daemon::conn::running(dir));
     let now = byom_daemon::now_ms();
-    let paused = byom_daemon::paused_flag(dir).exists();
+    let paused = byom_daemon::is_paused(dir);
     let connection = match (&run, id.revoked) {
         (_, true) => "revoked by the server: run `byomd unpair`, then pair again".to_string(),
         (Some(r), _) if paused => format!(

@@ -338,3 +338,54 @@ fn symlinks_on_the_way_to_what_is_protected_cannot_be_replaced() {
         "# login"
     );
 }
+
+/// Only what byomd hands over reaches the command: not descriptors byomd
+/// inherited from whatever started it (a socket would get past every
+/// network rule), and no capabilities beyond the ordinary ones, however
+/// byomd was started.
+#[test]
+fn inherited_descriptors_and_extra_capabilities_stay_out() {
+    use std::os::unix::process::CommandExt;
+    let s = support();
+    let h = Home::new();
+    let mut spec = h.spec(&s);
+    sh(
+        &mut spec,
+        "ls /proc/self/fd; grep -E '^Cap(Inh|Bnd|Amb)' /proc/self/status",
+        &h.root.join("work"),
+    );
+    let p = sandbox::prepare(&helper(), &spec).unwrap();
+    let mut cmd = p.cmd;
+    let (r, w) = std::io::pipe().unwrap();
+    let w_fd = std::os::fd::AsRawFd::as_raw_fd(&w);
+    // SAFETY: dup2 only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            // A descriptor byomd holds without close-on-exec, at 20.
+            if libc::dup2(w_fd, 20) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    drop(p.keep);
+    let _alive = p.alive;
+    let _ = sandbox::read_report(p.report);
+    let out = child.wait_with_output().unwrap();
+    drop((r, w));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let fds: Vec<&str> = text.lines().take_while(|l| !l.starts_with("Cap")).collect();
+    assert!(
+        !fds.contains(&"20"),
+        "an inherited descriptor reached the command: {text}"
+    );
+    assert!(text.contains("CapInh:\t0000000000000000"), "{text}");
+    assert!(text.contains("CapAmb:\t0000000000000000"), "{text}");
+    if unsafe { libc::geteuid() } == 0 {
+        // chown, dac_override, kill, setgid, setuid, ipc_lock, sys_nice,
+        // audit_write.
+        assert!(text.contains("CapBnd:\t00000000208040e3"), "{text}");
+    }
+}

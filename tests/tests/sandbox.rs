@@ -407,6 +407,45 @@ fn attacks(l: &Lab) -> Vec<(&'static str, Verdict)> {
         },
     ));
 
+    // A file's mode or owner outside the write roots (Landlock does not
+    // judge chmod and chown; the mounts there are read-only).
+    let other = l.outside.join("theirs");
+    std::fs::write(&other, "x").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let out = l.sh(&format!(
+        "chmod 777 {0}; chown 65534 {0}; touch -d 2001-01-01 {0}; true",
+        other.display()
+    ));
+    let meta = std::fs::metadata(&other).unwrap();
+    v.push(("chmod, chown, touch outside the roots", {
+        use std::os::unix::fs::MetadataExt;
+        if meta.mode() & 0o777 != 0o644 || meta.uid() != 0 || meta.mtime() < 1_000_000_000 {
+            Err(format!("changed: {}", both(&out)))
+        } else {
+            Ok(())
+        }
+    }));
+
+    // A directory byomd plans through, made unreadable to drop what it
+    // protects from the next command's plan.
+    let out = l.sh("chmod 000 ~; true");
+    let out2 = l.sh("chmod 755 ~; cat ~/.ssh/id_test; true");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&l.home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    v.push((
+        "chmod 000 ~ between two commands",
+        if both(&out2).contains(KEY) {
+            Err(format!("read the key: {}{}", both(&out), both(&out2)))
+        } else {
+            Ok(())
+        },
+    ));
+
     // The way to byomd's dir, renamed so a fake one can take its place.
     let moved = PathBuf::from(format!("{c}.moved"));
     let out = l.sh(&format!(
@@ -548,6 +587,9 @@ fn the_network_follows_the_owners_rule_per_origin() {
     assert!(stdout(&out).contains("connected"), "{}", both(&out));
     let out = l.sh(&connect_line(other));
     assert!(!stdout(&out).contains("connected"), "{}", both(&out));
+    // No server for anyone, even on a port it may connect to.
+    let out = l.sh("/usr/bin/python3 -c \"import socket; s=socket.socket(); s.listen(); print('listening', s.getsockname())\"");
+    assert!(!stdout(&out).contains("listening"), "{}", both(&out));
     // MPTCP is TCP that Landlock's port rules do not see.
     let out = l.sh(&format!(
         "/usr/bin/python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262); s.connect(('127.0.0.1', {other})); print('connected')\""

@@ -64,8 +64,8 @@ pub const DEFAULT_DENY_READ: &[&str] = &[
     "/var/snap/lxd/common/lxd",
 ];
 
-/// Directories of the lists above that byomd makes (empty, 0700) when
-/// they are missing and their parent exists, so that they are covered
+/// Directories of the lists above that byomd makes (empty, 0700, with
+/// their parents) when they are missing, so that they are covered
 /// from the first command on: a path that does not exist cannot be
 /// covered, and whatever a command then created there (an ssh config, a
 /// user service, an environment for the next login) would be read or run
@@ -83,6 +83,9 @@ pub const MADE_IF_MISSING: &[&str] = &[
     "~/.config/environment.d",
     "~/.config/systemd",
     "~/.config/git",
+    "~/.config/fish",
+    "~/.local/share/systemd",
+    "~/.local/share/applications",
     "/tmp/tmux-{uid}",
 ];
 

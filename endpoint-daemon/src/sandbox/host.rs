@@ -3,6 +3,7 @@
 //! and the request.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::plan::{self, Context, Spec, Tmp};
@@ -98,7 +99,7 @@ impl Host {
     /// [`Host::finish`]).
     pub fn plan(&self, r: &Request) -> Result<Spec, String> {
         make_if_missing(r.rules);
-        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let home = home_dir();
         // SAFETY: getuid has no preconditions.
         let uid = r.run_as.map(|u| u.uid).unwrap_or(unsafe { libc::getuid() });
         plan::build(&Context {
@@ -113,7 +114,7 @@ impl Host {
             config_dir: r.config_dir,
             config_aliases: vec![crate::identity::default_config_dir()],
             exe: self.exe.as_deref(),
-            also_hide: self.other_tmp_roots(),
+            also_hide: self.other_tmp_roots()?,
             tmp: self.tmp_for(r.command_id),
         })
     }
@@ -164,23 +165,35 @@ impl Host {
 
     /// Other daemons' (and `byomd sandbox check`'s) temp-dir folders of
     /// this user: their commands' files are not this command's business.
-    fn other_tmp_roots(&self) -> Vec<PathBuf> {
+    fn other_tmp_roots(&self) -> Result<Vec<PathBuf>, String> {
         // SAFETY: geteuid has no preconditions.
         let prefix = format!("byomd-{}-", unsafe { libc::geteuid() });
-        let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) else {
-            return Vec::new();
-        };
-        rd.flatten()
-            .filter(|e| {
-                e.file_name()
-                    .to_str()
-                    .is_some_and(|n| n.starts_with(&prefix))
-            })
-            .map(|e| e.path())
-            .filter(|p| Some(p) != self.tmp_root.as_ref())
-            .filter_map(|p| std::fs::canonicalize(p).ok())
-            .take(plan::MAX_GLOB_MATCHES)
-            .collect()
+        let tmp = std::env::temp_dir();
+        let rd = std::fs::read_dir(&tmp)
+            .map_err(|e| format!("cannot look at {} to plan the sandbox: {e}", tmp.display()))?;
+        let mut out = Vec::new();
+        for e in rd.flatten() {
+            if !e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+            {
+                continue;
+            }
+            let p = e.path();
+            if Some(&p) == self.tmp_root.as_ref() {
+                continue;
+            }
+            if out.len() == plan::MAX_GLOB_MATCHES {
+                return Err(format!(
+                    "more than {} folders {}/{prefix}*: remove them",
+                    plan::MAX_GLOB_MATCHES,
+                    tmp.display()
+                ));
+            }
+            out.push(p);
+        }
+        Ok(out)
     }
 
     /// Removes the temp dirs' folder (`byomd sandbox check` is done).
@@ -251,7 +264,7 @@ fn make_private_dir(p: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> 
 fn make_if_missing(rules: &SandboxRules) {
     use crate::policy::sandbox::MADE_IF_MISSING;
     use std::os::unix::fs::DirBuilderExt;
-    let Some(home) = std::env::var_os("HOME").map(PathBuf::from) else {
+    let Some(home) = home_dir().filter(|h| h.is_dir()) else {
         return;
     };
     // SAFETY: getuid has no preconditions.
@@ -269,12 +282,44 @@ fn make_if_missing(rules: &SandboxRules) {
         let Some(p) = crate::policy::rules::expand(&text, Some(&home)) else {
             continue;
         };
-        if std::fs::symlink_metadata(&p).is_ok() || !p.parent().is_some_and(Path::is_dir) {
+        if std::fs::symlink_metadata(&p).is_ok() {
             continue;
         }
-        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+        match std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&p)
+        {
             Ok(()) => tracing::info!("made {} (empty) so commands cannot use it", p.display()),
             Err(e) => tracing::warn!("cannot make {} to keep it from commands: {e}", p.display()),
         }
     }
+}
+
+/// The home `~` means: `$HOME`, else the user's entry in the password
+/// database (an unset HOME must not make every `~` rule vanish).
+pub fn home_dir() -> Option<PathBuf> {
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return Some(PathBuf::from(h));
+    }
+    // SAFETY: zeroed is a valid passwd to be filled.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwuid_r writes into our struct and buffer only.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            libc::geteuid(),
+            &mut pw,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() || pw.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: pw_dir points into buf, NUL-terminated, alive here.
+    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(dir.to_bytes())))
 }

@@ -50,6 +50,8 @@ pub const REPORT_FD: RawFd = 4;
 /// The read end of a pipe whose write end only byomd holds: its end of
 /// file means byomd is gone, and the command is ended with it.
 pub const ALIVE_FD: RawFd = 5;
+/// Highest descriptor closed one by one where close_range is missing.
+const MAX_INHERITED_FD: RawFd = 4096;
 /// The exit code of a helper that could not set the sandbox up.
 pub const SETUP_FAILED: i32 = 125;
 /// Largest spec the helper reads.
@@ -122,6 +124,16 @@ pub fn helper_main() -> ! {
     unsafe {
         libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC);
         libc::fcntl(ALIVE_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    // Only what byomd meant to hand over: descriptors it inherited from
+    // whatever started it (a socket, say) stop here.
+    // SAFETY: closing descriptors above ours.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, (ALIVE_FD + 1) as u32, u32::MAX, 0) < 0 {
+            for fd in (ALIVE_FD + 1)..MAX_INHERITED_FD {
+                libc::close(fd);
+            }
+        }
     }
     let spec = match read_spec() {
         Ok(s) => s,
@@ -348,6 +360,20 @@ fn mounts(spec: &Spec) -> Result<(), String> {
     )?;
     // Every planned path is opened once, with no symlink on the way, and
     // used by descriptor from then on (see mount.rs).
+    //
+    // Everything read-only, then the write roots writable again: what
+    // Landlock does not judge (chmod, chown, times, extended attributes)
+    // cannot change a file outside them either.
+    let rw: Vec<(&std::path::PathBuf, OwnedFd)> = spec
+        .rw
+        .iter()
+        .map(|p| Ok((p, open_exact(p, 0)?)))
+        .collect::<Result<_, String>>()?;
+    make_readonly(Path::new("/"), true)?;
+    for (p, fd) in &rw {
+        m::bind(fd, fd, false, p)?;
+    }
+    drop(rw);
     for p in &spec.pin {
         let fd = open_exact(p, 0)?;
         m::bind(&fd, &fd, false, p)?;
@@ -667,6 +693,67 @@ fn init_main(
     }
 }
 
+/// Leaves the command only [`KEEP_CAPS`]: dropped from the bounding set
+/// (which is what root gets at exec), and no inheritable or ambient
+/// capabilities (which root would get on top). As root a drop that fails
+/// stops the command: it would run with more than planned. Otherwise
+/// (no capabilities to begin with) there is nothing to drop.
+fn drop_capabilities() -> Result<(), String> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    // SAFETY: geteuid and prctl/capget/capset on this process only, with
+    // structs of the kernel's layout.
+    unsafe {
+        let root = libc::geteuid() == 0;
+        for cap in 0..64u32 {
+            if KEEP_CAPS.contains(&cap) {
+                continue;
+            }
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) < 0 {
+                match std::io::Error::last_os_error().raw_os_error() {
+                    // Past the last capability this kernel knows.
+                    Some(libc::EINVAL) => break,
+                    _ if root => return Err(err(format!("drop capability {cap}"))),
+                    _ => {}
+                }
+            }
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+        let mut h = Header {
+            version: VERSION_3,
+            pid: 0,
+        };
+        let mut d = [Data::default(); 2];
+        if libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) == 0
+            && (d[0].inheritable != 0 || d[1].inheritable != 0)
+        {
+            d[0].inheritable = 0;
+            d[1].inheritable = 0;
+            if libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr()) < 0 {
+                return Err(err("clear inheritable capabilities"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The command's own process, from the fork to exec.
 fn command(spec: &Spec, t0: Instant, old: &libc::sigset_t) -> Result<Never, String> {
     // SAFETY: process attribute changes in a single-threaded child.
@@ -690,24 +777,16 @@ fn command(spec: &Spec, t0: Instant, old: &libc::sigset_t) -> Result<Never, Stri
     // runs outside the sandbox.
     // SAFETY: setrlimit on this process.
     unsafe {
+        // 1, not 0: the kernel skips piped core handlers only then.
         let none = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
+            rlim_cur: 1,
+            rlim_max: 1,
         };
         libc::setrlimit(libc::RLIMIT_CORE, &none);
     }
     // SAFETY: prctl calls on this process only.
     unsafe {
-        for cap in 0..64u32 {
-            if !KEEP_CAPS.contains(&cap)
-                // EINVAL: past the last capability this kernel knows.
-                // (Without CAP_SETPCAP it fails harmlessly: nothing to drop.)
-                && libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) < 0
-                && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
-            {
-                break;
-            }
-        }
+        drop_capabilities()?;
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), || {
             "no_new_privs".into()
         })?;
@@ -727,6 +806,7 @@ fn command(spec: &Spec, t0: Instant, old: &libc::sigset_t) -> Result<Never, Stri
                 seccomp::Sockets::Any
             },
             deny_ptrace: !spec.pid_ns,
+            deny_owner_changes: !spec.mount_ns,
         });
         seccomp::install(&prog).map_err(|e| format!("seccomp: {e}"))?;
     }
@@ -811,18 +891,29 @@ fn beneath(
     abi: landlock::ABI,
 ) -> Result<Vec<landlock::PathBeneath<OwnedFd>>, String> {
     use landlock::AccessFs;
-    paths
-        .iter()
-        .map(|p| {
-            let fd = super::mount::open_exact(p, 0)?;
-            let rights = if is_dir(&fd) {
-                access
-            } else {
-                access & AccessFs::from_file(abi)
-            };
-            Ok(landlock::PathBeneath::new(fd, rights))
-        })
-        .collect()
+    let mut out = Vec::new();
+    for p in paths {
+        // Gone since the plan (a carve enumerates directories commands
+        // change): nothing there to grant. Anything else stops the
+        // command.
+        let fd = match super::mount::open_exact_io(p, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(format!(
+                    "{} (it must be reached without symlinks, as it was planned): {e}",
+                    p.display()
+                ))
+            }
+        };
+        let rights = if is_dir(&fd) {
+            access
+        } else {
+            access & AccessFs::from_file(abi)
+        };
+        out.push(landlock::PathBeneath::new(fd, rights));
+    }
+    Ok(out)
 }
 
 fn landlock(spec: &Spec) -> Result<(), String> {

@@ -124,7 +124,7 @@ impl Support {
         let mut missing = Vec::new();
         if !self.mount_ns {
             missing.push(
-                "no mount namespace: byomd's files and sandbox.deny_read are kept out by Landlock alone, sandbox.read_only by granting around it, and commands share one temp dir folder"
+                "no mount namespace: byomd's files and sandbox.deny_read are kept out by Landlock alone, sandbox.read_only by granting around it, directories on the way to them can be listed, file modes and times outside the write roots are not confined, and commands share one temp dir folder"
                     .to_string(),
             );
         }

@@ -34,6 +34,16 @@ fn owned(fd: libc::c_long, what: impl FnOnce() -> String) -> Result<OwnedFd, Str
 /// link) on the way: a symlink in a canonical path means it was swapped
 /// since byomd planned.
 pub fn open_exact(p: &Path, flags: libc::c_int) -> Result<OwnedFd, String> {
+    open_exact_io(p, flags).map_err(|e| {
+        format!(
+            "{} (it must be reached without symlinks, as it was planned): {e}",
+            p.display()
+        )
+    })
+}
+
+/// [`open_exact`], with the error as the kernel gave it.
+pub fn open_exact_io(p: &Path, flags: libc::c_int) -> std::io::Result<OwnedFd> {
     #[repr(C)]
     struct OpenHow {
         flags: u64,
@@ -43,7 +53,7 @@ pub fn open_exact(p: &Path, flags: libc::c_int) -> Result<OwnedFd, String> {
     const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
     const RESOLVE_NO_SYMLINKS: u64 = 0x04;
     let c = CString::new(p.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("{} has a NUL byte", p.display()))?;
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     let how = OpenHow {
         flags: (libc::O_PATH | libc::O_CLOEXEC | flags) as u64,
         mode: 0,
@@ -59,12 +69,11 @@ pub fn open_exact(p: &Path, flags: libc::c_int) -> Result<OwnedFd, String> {
             std::mem::size_of::<OpenHow>(),
         )
     };
-    owned(fd, || {
-        format!(
-            "{} (it must be reached without symlinks, as it was planned)",
-            p.display()
-        )
-    })
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor the kernel just gave us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 const AT_EMPTY_PATH: libc::c_int = 0x1000;
@@ -83,6 +92,10 @@ const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 
 /// Sets mount attributes on the mount `fd` is the root of.
 fn set_attr(fd: &OwnedFd, attr: u64, recursive: bool) -> Result<(), String> {
+    change_attr(fd, attr, 0, recursive)
+}
+
+fn change_attr(fd: &OwnedFd, set: u64, clear: u64, recursive: bool) -> Result<(), String> {
     #[repr(C)]
     struct MountAttr {
         attr_set: u64,
@@ -91,8 +104,8 @@ fn set_attr(fd: &OwnedFd, attr: u64, recursive: bool) -> Result<(), String> {
         userns_fd: u64,
     }
     let a = MountAttr {
-        attr_set: attr,
-        attr_clr: 0,
+        attr_set: set,
+        attr_clr: clear,
         propagation: 0,
         userns_fd: 0,
     };
@@ -150,6 +163,11 @@ pub fn bind(src: &OwnedFd, target: &OwnedFd, readonly: bool, what: &Path) -> Res
     let tree = owned(tree, || format!("clone the mount at {}", what.display()))?;
     if readonly {
         set_attr(&tree, MOUNT_ATTR_RDONLY, true)?;
+    } else {
+        // Writable again where the sandbox made everything read-only. A
+        // mount that was read-only before the sandbox (locked so in a user
+        // namespace) stays so: that refusal only takes rights away.
+        let _ = change_attr(&tree, 0, MOUNT_ATTR_RDONLY, false);
     }
     attach(&tree, target, what)
 }

@@ -59,6 +59,8 @@ pub struct Spec {
     pub pin: Vec<PathBuf>,
     pub read_only: Vec<PathBuf>,
     pub hide: Vec<PathBuf>,
+    /// Mounts: writable beneath these, read-only everywhere else.
+    pub rw: Vec<PathBuf>,
     /// Landlock: full access beneath these.
     pub write: Vec<PathBuf>,
     /// Landlock: read access beneath these.
@@ -102,22 +104,45 @@ fn expand_home(p: &str, home: Option<&Path>) -> Option<PathBuf> {
 }
 
 /// Paths a glob in its last part matches now (bounded); a plain path as is.
-fn glob_paths(p: PathBuf) -> Vec<PathBuf> {
+fn glob_paths(p: PathBuf) -> Result<Vec<PathBuf>, String> {
     let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
     if !name.contains('*') && !name.contains('?') {
-        return vec![p];
+        return Ok(vec![p]);
     }
     let Some(parent) = p.parent() else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
-    let Ok(rd) = std::fs::read_dir(parent) else {
-        return Vec::new();
+    let rd = match std::fs::read_dir(parent) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(unreadable(parent, &e)),
     };
-    rd.flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| glob(name, n)))
-        .take(MAX_GLOB_MATCHES)
-        .map(|e| e.path())
-        .collect()
+    let mut out = Vec::new();
+    for e in rd {
+        let e = e.map_err(|e| unreadable(parent, &e))?;
+        if e.file_name().to_str().is_some_and(|n| glob(name, n)) {
+            // Past the bound, refuse: dropping matches silently would let
+            // a command hide the real one among decoys.
+            if out.len() == MAX_GLOB_MATCHES {
+                return Err(format!(
+                    "more than {MAX_GLOB_MATCHES} paths match {}: remove them (a command may have made them to crowd out one it should not reach)",
+                    p.display()
+                ));
+            }
+            out.push(e.path());
+        }
+    }
+    Ok(out)
+}
+
+/// Planning stops at a path it cannot look at: what it would protect
+/// there must not silently go unprotected (a command can `chmod 000` a
+/// directory byomd would look into).
+fn unreadable(p: &Path, e: &std::io::Error) -> String {
+    format!(
+        "cannot look at {} to plan the sandbox ({e}): fix its permissions",
+        p.display()
+    )
 }
 
 /// The runtime directory of `uid` (`{runtime}`).
@@ -132,61 +157,69 @@ impl Context<'_> {
     /// Every path an entry names, tokens and `~` expanded, globs matched,
     /// resolved on disk; entries that name nothing existing are dropped
     /// (there is nothing there to protect or grant).
-    fn resolve(&self, entry: &str, both_homes: bool) -> Vec<PathBuf> {
-        let mut out: Vec<PathBuf> = self
-            .raw(entry, both_homes)
-            .into_iter()
-            .filter_map(|p| std::fs::canonicalize(p).ok())
-            .collect();
+    fn resolve(&self, entry: &str, both_homes: bool) -> Result<Vec<PathBuf>, String> {
+        let mut out = Vec::new();
+        for p in self.raw(entry, both_homes)? {
+            match std::fs::canonicalize(&p) {
+                Ok(c) => out.push(c),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(unreadable(&p, &e)),
+            }
+        }
         out.sort();
         out.dedup();
-        out
+        Ok(out)
     }
 
     /// An entry's paths as written (tokens, `~` and globs expanded), before
     /// any symlink on the way is followed.
-    fn raw(&self, entry: &str, both_homes: bool) -> Vec<PathBuf> {
+    fn raw(&self, entry: &str, both_homes: bool) -> Result<Vec<PathBuf>, String> {
         let mut raw: Vec<PathBuf> = Vec::new();
+        let no_home =
+            || format!("{entry:?} names the home directory, and none is known (HOME is unset)");
         if let Some(rest) = entry.strip_prefix("{roots}") {
             for r in self.roots {
-                if let Some(p) = expand_home(r, self.home.as_deref()) {
-                    raw.push(join_rest(p, rest));
-                }
+                let p = expand_home(r, self.home.as_deref()).ok_or_else(no_home)?;
+                raw.push(join_rest(p, rest));
             }
         } else if let Some(rest) = entry.strip_prefix("{cwd}") {
             raw.push(join_rest(self.cwd.to_path_buf(), rest));
         } else if let Some(rest) = entry.strip_prefix("{runtime}") {
             raw.push(join_rest(runtime_dir(self.uid), rest));
         } else {
-            if let Some(p) = expand_home(entry, self.home.as_deref()) {
-                raw.push(p);
-            }
+            raw.push(expand_home(entry, self.home.as_deref()).ok_or_else(no_home)?);
             if both_homes && entry.starts_with('~') {
                 if let Some(p) = expand_home(entry, self.run_as_home.as_deref()) {
                     raw.push(p);
                 }
             }
         }
-        raw.into_iter().flat_map(glob_paths).collect()
+        let mut out = Vec::new();
+        for p in raw {
+            out.extend(glob_paths(p)?);
+        }
+        Ok(out)
     }
 
     /// The symlinks on the way to each path the entries name.
-    fn links_all(&self, entries: &[String]) -> Vec<PathBuf> {
-        entries
-            .iter()
-            .flat_map(|e| self.raw(e, true))
-            .flat_map(|p| links_on_the_way(&p))
-            .collect()
+    fn links_all(&self, entries: &[String]) -> Result<Vec<PathBuf>, String> {
+        let mut out = Vec::new();
+        for e in entries {
+            for p in self.raw(e, true)? {
+                out.extend(links_on_the_way(&p)?);
+            }
+        }
+        Ok(out)
     }
 
-    fn resolve_all(&self, entries: &[String], both_homes: bool) -> Vec<PathBuf> {
-        let mut out: Vec<PathBuf> = entries
-            .iter()
-            .flat_map(|e| self.resolve(e, both_homes))
-            .collect();
+    fn resolve_all(&self, entries: &[String], both_homes: bool) -> Result<Vec<PathBuf>, String> {
+        let mut out = Vec::new();
+        for e in entries {
+            out.extend(self.resolve(e, both_homes)?);
+        }
         out.sort();
         out.dedup();
-        out
+        Ok(out)
     }
 }
 
@@ -196,7 +229,7 @@ const MAX_LINK_HOPS: usize = 40;
 /// The symlinks met on the way to `p` (each as its canonical directory
 /// and its name): a protection put on where they lead is only as good as
 /// the links themselves, which whoever may write beside them can replace.
-pub fn links_on_the_way(p: &Path) -> Vec<PathBuf> {
+pub fn links_on_the_way(p: &Path) -> Result<Vec<PathBuf>, String> {
     use std::collections::VecDeque;
     use std::path::Component;
     let mut out = Vec::new();
@@ -220,7 +253,7 @@ pub fn links_on_the_way(p: &Path) -> Vec<PathBuf> {
         }
     };
     if !p.is_absolute() {
-        return out;
+        return Ok(out);
     }
     push_all(&mut pending, p, false);
     let mut hops = 0;
@@ -233,11 +266,9 @@ pub fn links_on_the_way(p: &Path) -> Vec<PathBuf> {
         match std::fs::symlink_metadata(&next) {
             Ok(m) if m.file_type().is_symlink() => {
                 hops += 1;
-                let Ok(target) = std::fs::read_link(&next) else {
-                    break;
-                };
+                let target = std::fs::read_link(&next).map_err(|e| unreadable(&next, &e))?;
                 if hops > MAX_LINK_HOPS {
-                    break;
+                    return Err(format!("too many symlinks on the way to {}", p.display()));
                 }
                 out.push(next);
                 if target.is_absolute() {
@@ -246,10 +277,11 @@ pub fn links_on_the_way(p: &Path) -> Vec<PathBuf> {
                 push_all(&mut pending, &target, true);
             }
             Ok(_) => cur = next,
-            Err(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) => return Err(unreadable(&next, &e)),
         }
     }
-    out
+    Ok(out)
 }
 
 fn join_rest(base: PathBuf, rest: &str) -> PathBuf {
@@ -339,7 +371,7 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
         ..Default::default()
     };
     let config = std::fs::canonicalize(cx.config_dir).unwrap_or_else(|_| cx.config_dir.into());
-    let mut hide = cx.resolve_all(&rules.deny_read, true);
+    let mut hide = cx.resolve_all(&rules.deny_read, true)?;
     hide.push(config);
     hide.extend(cx.also_hide.iter().cloned());
     let hide = outermost(hide);
@@ -349,7 +381,7 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
             cx.cwd.display()
         ));
     }
-    let mut read_only = cx.resolve_all(&rules.read_only, true);
+    let mut read_only = cx.resolve_all(&rules.read_only, true)?;
     if let Some(exe) = cx.exe {
         read_only.push(exe.to_path_buf());
     }
@@ -362,7 +394,7 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
         None => vec!["{roots}".into(), "{cwd}".into()],
     };
     let mut write: Vec<PathBuf> = cx
-        .resolve_all(&write_entries, false)
+        .resolve_all(&write_entries, false)?
         .into_iter()
         .filter(|p| !under_any(p, &hide))
         .collect();
@@ -374,10 +406,10 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
     // replace them (their directory is writable): a write root holding one
     // is granted around it (what is in that directory stays writable; the
     // directory itself gets no new or removed entries).
-    let mut links = cx.links_all(&rules.deny_read);
-    links.extend(cx.links_all(&rules.read_only));
+    let mut links = cx.links_all(&rules.deny_read)?;
+    links.extend(cx.links_all(&rules.read_only)?);
     for c in std::iter::once(cx.config_dir).chain(cx.config_aliases.iter().map(PathBuf::as_path)) {
-        links.extend(links_on_the_way(c));
+        links.extend(links_on_the_way(c)?);
     }
     links.sort();
     links.dedup();
@@ -414,6 +446,7 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
         spec.hide = hide;
         spec.read_only = read_only;
         spec.read = vec![PathBuf::from("/")];
+        spec.rw = write.clone();
         if links.is_empty() {
             spec.write = write;
         } else {
@@ -614,6 +647,21 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.contains("hidden"), "{e}");
+    }
+
+    /// Decoys past the bound refuse the plan rather than drop a real match.
+    #[test]
+    fn a_glob_crowded_with_decoys_stops_the_plan() {
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..=MAX_GLOB_MATCHES {
+            std::fs::create_dir(d.path().join(format!("ssh-{i}"))).unwrap();
+        }
+        let e = glob_paths(d.path().join("ssh-*")).unwrap_err();
+        assert!(e.contains("more than"), "{e}");
+        assert_eq!(
+            glob_paths(d.path().join("other-*")).unwrap(),
+            Vec::<PathBuf>::new()
+        );
     }
 
     #[test]

@@ -17,8 +17,8 @@ pub enum Sockets {
     #[default]
     Any,
     /// A list of TCP ports (Landlock): only local, IP and netlink sockets,
-    /// and none of the IP protocols Landlock's TCP rules do not see
-    /// (MPTCP, SCTP).
+    /// none of the IP protocols Landlock's TCP rules do not see (MPTCP,
+    /// SCTP, SMC), and no `listen`.
     Ports,
     /// The network denied, in a network namespace of its own: IP sockets
     /// (the namespace confines them) and netlink, but no unix sockets (a
@@ -38,6 +38,10 @@ pub struct Options {
     /// No ptrace or cross-process memory access: there is no PID
     /// namespace to keep it among the command's own processes.
     pub deny_ptrace: bool,
+    /// No owner or extended-attribute changes: there are no read-only
+    /// mounts to keep them inside the write roots (Landlock does not
+    /// judge them).
+    pub deny_owner_changes: bool,
 }
 
 const LD_W_ABS: u16 = 0x20;
@@ -67,7 +71,6 @@ const AUDIT_ARCH: u32 = 0xC000_00B7;
 pub const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
 
 const TIOCSTI: u32 = 0x5412;
-const IPPROTO_MPTCP: u32 = 262;
 /// S_ISUID | S_ISGID.
 const SET_ID_BITS: u32 = 0o6000;
 
@@ -197,6 +200,23 @@ pub fn program(opts: Options) -> Vec<libc::sock_filter> {
     for nr in refused() {
         refuse_if(&mut p, nr as u32, errno(libc::EPERM));
     }
+    if opts.deny_owner_changes {
+        let mut calls = vec![
+            libc::SYS_fchown,
+            libc::SYS_fchownat,
+            libc::SYS_setxattr,
+            libc::SYS_lsetxattr,
+            libc::SYS_fsetxattr,
+            libc::SYS_removexattr,
+            libc::SYS_lremovexattr,
+            libc::SYS_fremovexattr,
+        ];
+        #[cfg(target_arch = "x86_64")]
+        calls.extend([libc::SYS_chown, libc::SYS_lchown]);
+        for nr in calls {
+            refuse_if(&mut p, nr as u32, errno(libc::EPERM));
+        }
+    }
     if opts.deny_ptrace {
         for nr in [
             libc::SYS_ptrace,
@@ -256,12 +276,30 @@ pub fn program(opts: Options) -> Vec<libc::sock_filter> {
             body.push(jump(JEQ_K, *f as u32, n - i as u8, 0));
         }
         body.push(stmt(RET_K, errno(libc::EPERM)));
+        // Only the protocols Landlock's TCP rules (or the namespace) see
+        // as what they are: the default, TCP, UDP, ping. Not MPTCP, SCTP,
+        // SMC and whatever comes next.
         body.push(stmt(LD_W_ABS, off_arg(2)));
-        body.push(jump(JEQ_K, IPPROTO_MPTCP, 1, 0));
-        body.push(jump(JEQ_K, libc::IPPROTO_SCTP as u32, 0, 1));
+        let protocols = [
+            0,
+            libc::IPPROTO_TCP,
+            libc::IPPROTO_UDP,
+            libc::IPPROTO_ICMP,
+            libc::IPPROTO_ICMPV6,
+        ];
+        let k = protocols.len() as u8;
+        for (i, proto) in protocols.iter().enumerate() {
+            body.push(jump(JEQ_K, *proto as u32, k - i as u8, 0));
+        }
         body.push(stmt(RET_K, errno(libc::EPERM)));
         body.push(stmt(RET_K, RET_ALLOW));
         block(&mut p, libc::SYS_socket, body);
+    }
+    if opts.sockets == Sockets::Ports {
+        // Connections to the listed ports, not a server for anyone: an
+        // unbound socket's listen would take a port Landlock never saw
+        // bound.
+        refuse_if(&mut p, libc::SYS_listen as u32, errno(libc::EPERM));
     }
     // No set-user-ID or set-group-ID files: a root command would leave one
     // for anyone outside the sandbox to run as root.
@@ -390,6 +428,7 @@ mod tests {
             Options {
                 sockets: Sockets::Local,
                 deny_ptrace: true,
+                deny_owner_changes: true,
             },
             || unsafe {
                 if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1 || errno() != libc::EPERM
@@ -428,6 +467,7 @@ mod namespaced {
         let prog = program(Options {
             sockets: Sockets::Namespaced,
             deny_ptrace: false,
+            deny_owner_changes: false,
         });
         // SAFETY: the child only makes raw syscalls and exits.
         let code = unsafe {
@@ -468,6 +508,7 @@ mod modes {
         let prog = program(Options {
             sockets: Sockets::Ports,
             deny_ptrace: false,
+            deny_owner_changes: false,
         });
         let dir = tempfile::tempdir().unwrap();
         let name = |n: &str| {
