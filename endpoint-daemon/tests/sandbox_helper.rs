@@ -104,7 +104,6 @@ impl Home {
             config_dir: &config,
             config_aliases: Vec::new(),
             exe: None,
-            also_hide: Vec::new(),
             tmp: None,
         })
         .unwrap()
@@ -299,7 +298,6 @@ fn symlinks_on_the_way_to_what_is_protected_cannot_be_replaced() {
         config_dir: &config,
         config_aliases: Vec::new(),
         exe: None,
-        also_hide: Vec::new(),
         tmp: None,
     })
     .unwrap();

@@ -90,7 +90,7 @@ impl Host {
     fn tmp_for(&self, id: &str) -> Option<Tmp> {
         let root = self.tmp_root.as_ref()?;
         Some(Tmp {
-            cover: root.clone(),
+            cover: root.parent()?.to_path_buf(),
             own: root.join(id),
         })
     }
@@ -114,7 +114,6 @@ impl Host {
             config_dir: r.config_dir,
             config_aliases: vec![crate::identity::default_config_dir()],
             exe: self.exe.as_deref(),
-            also_hide: self.other_tmp_roots()?,
             tmp: self.tmp_for(r.command_id),
         })
     }
@@ -163,39 +162,6 @@ impl Host {
         Ok(())
     }
 
-    /// Other daemons' (and `byomd sandbox check`'s) temp-dir folders of
-    /// this user: their commands' files are not this command's business.
-    fn other_tmp_roots(&self) -> Result<Vec<PathBuf>, String> {
-        // SAFETY: geteuid has no preconditions.
-        let prefix = format!("byomd-{}-", unsafe { libc::geteuid() });
-        let tmp = std::env::temp_dir();
-        let rd = std::fs::read_dir(&tmp)
-            .map_err(|e| format!("cannot look at {} to plan the sandbox: {e}", tmp.display()))?;
-        let mut out = Vec::new();
-        for e in rd.flatten() {
-            if !e
-                .file_name()
-                .to_str()
-                .is_some_and(|n| n.starts_with(&prefix))
-            {
-                continue;
-            }
-            let p = e.path();
-            if Some(&p) == self.tmp_root.as_ref() {
-                continue;
-            }
-            if out.len() == plan::MAX_GLOB_MATCHES {
-                return Err(format!(
-                    "more than {} folders {}/{prefix}*: remove them",
-                    plan::MAX_GLOB_MATCHES,
-                    tmp.display()
-                ));
-            }
-            out.push(p);
-        }
-        Ok(out)
-    }
-
     /// Removes the temp dirs' folder (`byomd sandbox check` is done).
     pub fn forget_tmp(&self) {
         if let Some(r) = &self.tmp_root {
@@ -211,25 +177,30 @@ impl Host {
     }
 }
 
-/// `<temp dir>/byomd-UID-TAG`: made 0700 by us, or refused (another user
-/// could have made it first to read or plant files in commands' temp
-/// dirs). With `clean`, leftovers from a daemon that died are removed.
+/// `<temp dir>/byomd-UID/TAG`: both made 0700 by us, or refused
+/// (another user could have made them first to read or plant files in
+/// commands' temp dirs). One folder per user, so a command's sandbox hides
+/// every daemon's temp dirs at once (`Tmp::cover`). With `clean`,
+/// leftovers from a daemon that died are removed.
 fn tmp_root(tag: &str, clean: bool) -> Result<PathBuf, String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    let root = std::env::temp_dir().join(format!("byomd-{me}-{tag}"));
-    match std::fs::DirBuilder::new().mode(0o700).create(&root) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("cannot make {}: {e}", root.display())),
-    }
-    let m = std::fs::symlink_metadata(&root).map_err(|e| format!("{}: {e}", root.display()))?;
-    if !m.is_dir() || m.uid() != me || m.permissions().mode() & 0o077 != 0 {
-        return Err(format!(
-            "{} is not a directory of this user's with mode 0700",
-            root.display()
-        ));
+    let parent = std::env::temp_dir().join(format!("byomd-{me}"));
+    let root = parent.join(tag);
+    for d in [&parent, &root] {
+        match std::fs::DirBuilder::new().mode(0o700).create(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot make {}: {e}", d.display())),
+        }
+        let m = std::fs::symlink_metadata(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        if !m.is_dir() || m.uid() != me || m.permissions().mode() & 0o077 != 0 {
+            return Err(format!(
+                "{} is not a directory of this user's with mode 0700",
+                d.display()
+            ));
+        }
     }
     if clean {
         if let Ok(rd) = std::fs::read_dir(&root) {

@@ -386,19 +386,13 @@ fn mounts(spec: &Spec) -> Result<(), String> {
     // are covered.
     let tmp = match &spec.tmp {
         Some(t) => {
-            let name = match (t.own.parent(), t.own.file_name().and_then(|n| n.to_str())) {
-                (Some(parent), Some(name)) if parent == t.cover => name.to_string(),
-                _ => {
-                    return Err(format!(
-                        "{} is not directly in {}",
-                        t.own.display(),
-                        t.cover.display()
-                    ))
-                }
-            };
+            let rel = t
+                .own
+                .strip_prefix(&t.cover)
+                .map_err(|_| format!("{} is not in {}", t.own.display(), t.cover.display()))?;
             Some((
                 t,
-                name,
+                rel.to_path_buf(),
                 open_exact(&t.own, libc::O_DIRECTORY)?,
                 open_exact(&t.cover, libc::O_DIRECTORY)?,
             ))
@@ -470,8 +464,8 @@ fn mounts(spec: &Spec) -> Result<(), String> {
             m::bind(&hidden_file, &fd, true, p)?;
         }
     }
-    if let Some((t, name, own, cover)) = tmp {
-        m::private_tmp(&cover, &own, &name, &t.cover)?;
+    if let Some((t, rel, own, cover)) = tmp {
+        m::private_tmp(&cover, &own, &rel, &t.cover)?;
     }
     Ok(())
 }

@@ -223,28 +223,52 @@ pub fn cover(target: &OwnedFd, what: &Path) -> Result<(), String> {
 }
 
 /// The private temp dir: a tmpfs over `cover` (hiding every other
-/// command's), holding a directory `name` onto which `own` is bound.
+/// command's and every other daemon's), holding the directories of `rel`
+/// down to the one onto which `own` is bound.
 pub fn private_tmp(
     cover_fd: &OwnedFd,
     own: &OwnedFd,
-    name: &str,
+    rel: &Path,
     what: &Path,
 ) -> Result<(), String> {
     let m = tmpfs(&[("mode", "0755"), ("size", "64k")], false)?;
-    let n = cstr(name)?;
-    // SAFETY: mkdirat/openat relative to our mount's root descriptor.
+    let names: Vec<CString> = rel
+        .components()
+        .map(|c| match c {
+            std::path::Component::Normal(n) => CString::new(n.as_encoded_bytes())
+                .map_err(|_| format!("{} has a NUL byte", rel.display())),
+            _ => Err(format!("{} is not a plain relative path", rel.display())),
+        })
+        .collect::<Result<_, _>>()?;
+    if names.is_empty() {
+        return Err("the temp dir is its own cover".into());
+    }
+    // SAFETY: mkdirat/openat relative to descriptors of our own mount.
     let target = unsafe {
-        if libc::mkdirat(m.as_raw_fd(), n.as_ptr(), 0o700) < 0 {
-            return Err(err(format!("mkdir {name} in the temp cover")));
-        }
-        owned(
+        let mut cur = owned(
             libc::openat(
                 m.as_raw_fd(),
-                n.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                c".".as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
             ) as libc::c_long,
-            || format!("open {name} in the temp cover"),
-        )?
+            || "open the temp cover".into(),
+        )?;
+        for n in &names {
+            // Only mount points live here: open to whoever the command
+            // runs as, so it can reach its own dir.
+            if libc::mkdirat(cur.as_raw_fd(), n.as_ptr(), 0o755) < 0 {
+                return Err(err(format!("mkdir {n:?} in the temp cover")));
+            }
+            cur = owned(
+                libc::openat(
+                    cur.as_raw_fd(),
+                    n.as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                ) as libc::c_long,
+                || format!("open {n:?} in the temp cover"),
+            )?;
+        }
+        cur
     };
     attach(&m, cover_fd, what)?;
     bind(own, &target, false, what)?;

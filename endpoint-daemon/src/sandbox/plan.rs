@@ -94,8 +94,6 @@ pub struct Context<'a> {
     pub config_aliases: Vec<PathBuf>,
     /// byomd's own binary.
     pub exe: Option<&'a Path>,
-    /// More to hide whatever the rules say (other daemons' temp dirs).
-    pub also_hide: Vec<PathBuf>,
     pub tmp: Option<Tmp>,
 }
 
@@ -373,7 +371,6 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
     let config = std::fs::canonicalize(cx.config_dir).unwrap_or_else(|_| cx.config_dir.into());
     let mut hide = cx.resolve_all(&rules.deny_read, true)?;
     hide.push(config);
-    hide.extend(cx.also_hide.iter().cloned());
     let hide = outermost(hide);
     if under_any(cx.cwd, &hide) {
         return Err(format!(
@@ -564,7 +561,6 @@ mod tests {
             config_dir: &config,
             config_aliases: Vec::new(),
             exe: None,
-            also_hide: Vec::new(),
             tmp: None,
         })
     }
@@ -642,7 +638,6 @@ mod tests {
             config_dir: &cwd,
             config_aliases: Vec::new(),
             exe: None,
-            also_hide: Vec::new(),
             tmp: None,
         })
         .unwrap_err();
