@@ -590,7 +590,13 @@ impl Runner {
         });
         t.entries.insert(req.command_id.clone(), entry.clone());
         drop(t);
+        let t_plan = Instant::now();
         let plan = self.plan(&req);
+        tracing::debug!(
+            cmd = %req.command_id,
+            plan_us = t_plan.elapsed().as_micros() as u64,
+            "policy and sandbox planned"
+        );
         let runner = self.clone();
         let e = entry.clone();
         let audit = crate::audit::Record {

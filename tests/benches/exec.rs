@@ -306,16 +306,53 @@ fn sandbox(server: &Server, dir: &Path, boxed: &Daemon, n: usize, rt: &tokio::ru
             out.push(t.elapsed());
         }
     }
-    let mut setup: Vec<Duration> = boxed
-        .log()
-        .lines()
-        .filter(|l| l.contains("command started in its sandbox"))
-        .filter_map(|l| {
-            let v = l.split("setup_us=").nth(1)?;
-            let digits: String = v.chars().take_while(|c| c.is_ascii_digit()).collect();
-            Some(Duration::from_micros(digits.parse().ok()?))
-        })
-        .collect();
+    // The daemon's debug lines, without their colours.
+    let log: String = {
+        let raw = boxed.log();
+        let mut out = String::with_capacity(raw.len());
+        let mut it = raw.chars().peekable();
+        while let Some(c) = it.next() {
+            if c == '\u{1b}' {
+                for d in it.by_ref() {
+                    if d.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    };
+    let figures = |line: &str, key: &str| -> Vec<Duration> {
+        log.lines()
+            .filter(|l| l.contains(line))
+            .filter_map(|l| {
+                let v = l.split(&format!("{key}=")).nth(1)?;
+                let digits: String = v.chars().take_while(|c| c.is_ascii_digit()).collect();
+                Some(Duration::from_micros(digits.parse().ok()?))
+            })
+            .collect()
+    };
+    let mut setup = figures("command started in its sandbox", "setup_us");
+    let mut parts: Vec<(&str, Vec<Duration>)> = vec![
+        (
+            "policy and sandbox plan",
+            figures("policy and sandbox planned", "plan_us"),
+        ),
+        (
+            "temp dir and environment",
+            figures("command started in its sandbox", "finish_us"),
+        ),
+        (
+            "helper started",
+            figures("command started in its sandbox", "spawn_us"),
+        ),
+        (
+            "to the command's exec, all told",
+            figures("command started in its sandbox", "total_us"),
+        ),
+    ];
     println!(
         "
 the OS sandbox (interleaved on one server; sandbox {} here)",
@@ -350,5 +387,8 @@ the OS sandbox (interleaved on one server; sandbox {} here)",
             ms(pct(&mut setup, 0.5)),
             ms(pct(&mut setup, 0.99))
         );
+    }
+    for (name, v) in parts.iter_mut().filter(|(_, v)| !v.is_empty()) {
+        println!("  {name}: p50 {}", ms(pct(v, 0.5)));
     }
 }

@@ -199,6 +199,7 @@ async fn spawn(
 ) -> Result<Spawned, String> {
     #[cfg(target_os = "linux")]
     if let (Some(spec), Some(host)) = (&plan.sandbox, &runner.sandbox) {
+        let t0 = Instant::now();
         let mut spec = spec.clone();
         let cwd = plan.cwd.clone().unwrap_or_else(|| "/".into());
         host.finish(
@@ -210,6 +211,7 @@ async fn spawn(
             &cwd,
         )
         .map_err(|e| format!("cannot make the command's temp dir: {e}"))?;
+        let finish_us = t0.elapsed().as_micros() as u64;
         let prepared = crate::sandbox::prepare(&host.helper, &spec)
             .map_err(|e| format!("cannot prepare the sandbox: {e}"))?;
         let report = prepared.report;
@@ -227,13 +229,23 @@ async fn spawn(
                 return Err(format!("cannot start the sandbox helper: {e}"));
             }
         };
-        let read = tokio::task::spawn_blocking(move || crate::sandbox::read_report(report));
+        let spawn_us = t0.elapsed().as_micros() as u64 - finish_us;
+        let read = crate::sandbox::read_report_async(report);
         let failed = match tokio::time::timeout(SANDBOX_START, read).await {
-            Ok(Ok(Some(r))) if r.ok => {
-                tracing::debug!(setup_us = r.setup_us, "command started in its sandbox");
+            Ok(Some(r)) if r.ok => {
+                // Where a command's start goes: making its temp dir and
+                // environment, starting the helper, the helper's setup
+                // (from its start to the command's exec), all of it.
+                tracing::debug!(
+                    finish_us,
+                    spawn_us,
+                    setup_us = r.setup_us,
+                    total_us = t0.elapsed().as_micros() as u64,
+                    "command started in its sandbox"
+                );
                 None
             }
-            Ok(Ok(Some(r))) => Some(r.error),
+            Ok(Some(r)) => Some(r.error),
             Ok(_) => Some("the sandbox helper ended without saying why (see byomd's log)".into()),
             Err(_) => Some(format!(
                 "the sandbox helper did not start the command within {}",

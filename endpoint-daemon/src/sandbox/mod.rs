@@ -333,11 +333,26 @@ pub const MAX_REPORT_BYTES: u64 = 64 * 1024;
 #[cfg(target_os = "linux")]
 pub fn read_report(fd: std::os::fd::OwnedFd) -> Option<Report> {
     use std::io::Read;
-    let mut text = String::new();
+    let mut text = Vec::new();
     let _ = std::fs::File::from(fd)
         .take(MAX_REPORT_BYTES)
-        .read_to_string(&mut text);
-    let reports: Vec<Report> = text
+        .read_to_end(&mut text);
+    parse_report(&text)
+}
+
+/// [`read_report`] on the async runtime (no blocking thread per command).
+#[cfg(target_os = "linux")]
+pub async fn read_report_async(fd: std::os::fd::OwnedFd) -> Option<Report> {
+    use tokio::io::AsyncReadExt;
+    let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;
+    let mut text = Vec::new();
+    let _ = rx.take(MAX_REPORT_BYTES).read_to_end(&mut text).await;
+    parse_report(&text)
+}
+
+#[cfg(target_os = "linux")]
+fn parse_report(text: &[u8]) -> Option<Report> {
+    let reports: Vec<Report> = String::from_utf8_lossy(text)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();

@@ -102,7 +102,11 @@ fn expand_home(p: &str, home: Option<&Path>) -> Option<PathBuf> {
 }
 
 /// Paths a glob in its last part matches now (bounded); a plain path as is.
-fn glob_paths(p: PathBuf) -> Result<Vec<PathBuf>, String> {
+/// Directory listings a plan reads once however many patterns look in
+/// the same directory (`/tmp` holds several, and may hold many entries).
+type Listings = std::cell::RefCell<std::collections::HashMap<PathBuf, Vec<std::ffi::OsString>>>;
+
+fn glob_paths(p: PathBuf, listings: &Listings) -> Result<Vec<PathBuf>, String> {
     let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
     if !name.contains('*') && !name.contains('?') {
         return Ok(vec![p]);
@@ -110,15 +114,28 @@ fn glob_paths(p: PathBuf) -> Result<Vec<PathBuf>, String> {
     let Some(parent) = p.parent() else {
         return Ok(Vec::new());
     };
-    let rd = match std::fs::read_dir(parent) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(unreadable(parent, &e)),
+    let names = listings.borrow().get(parent).cloned();
+    let names = match names {
+        Some(n) => n,
+        None => {
+            let rd = match std::fs::read_dir(parent) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(unreadable(parent, &e)),
+            };
+            let mut n = Vec::new();
+            for e in rd {
+                n.push(e.map_err(|e| unreadable(parent, &e))?.file_name());
+            }
+            listings
+                .borrow_mut()
+                .insert(parent.to_path_buf(), n.clone());
+            n
+        }
     };
     let mut out = Vec::new();
-    for e in rd {
-        let e = e.map_err(|e| unreadable(parent, &e))?;
-        if e.file_name().to_str().is_some_and(|n| glob(name, n)) {
+    for n in names {
+        if n.to_str().is_some_and(|n| glob(name, n)) {
             // Past the bound, refuse: dropping matches silently would let
             // a command hide the real one among decoys.
             if out.len() == MAX_GLOB_MATCHES {
@@ -127,7 +144,7 @@ fn glob_paths(p: PathBuf) -> Result<Vec<PathBuf>, String> {
                     p.display()
                 ));
             }
-            out.push(e.path());
+            out.push(parent.join(n));
         }
     }
     Ok(out)
@@ -155,9 +172,9 @@ impl Context<'_> {
     /// Every path an entry names, tokens and `~` expanded, globs matched,
     /// resolved on disk; entries that name nothing existing are dropped
     /// (there is nothing there to protect or grant).
-    fn resolve(&self, entry: &str, both_homes: bool) -> Result<Vec<PathBuf>, String> {
+    fn resolve(&self, entry: &str, both_homes: bool, l: &Listings) -> Result<Vec<PathBuf>, String> {
         let mut out = Vec::new();
-        for p in self.raw(entry, both_homes)? {
+        for p in self.raw(entry, both_homes, l)? {
             match std::fs::canonicalize(&p) {
                 Ok(c) => out.push(c),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -171,7 +188,7 @@ impl Context<'_> {
 
     /// An entry's paths as written (tokens, `~` and globs expanded), before
     /// any symlink on the way is followed.
-    fn raw(&self, entry: &str, both_homes: bool) -> Result<Vec<PathBuf>, String> {
+    fn raw(&self, entry: &str, both_homes: bool, l: &Listings) -> Result<Vec<PathBuf>, String> {
         let mut raw: Vec<PathBuf> = Vec::new();
         let no_home =
             || format!("{entry:?} names the home directory, and none is known (HOME is unset)");
@@ -194,26 +211,31 @@ impl Context<'_> {
         }
         let mut out = Vec::new();
         for p in raw {
-            out.extend(glob_paths(p)?);
+            out.extend(glob_paths(p, l)?);
         }
         Ok(out)
     }
 
     /// The symlinks on the way to each path the entries name.
-    fn links_all(&self, entries: &[String]) -> Result<Vec<PathBuf>, String> {
+    fn links_all(&self, entries: &[String], l: &Listings) -> Result<Vec<PathBuf>, String> {
         let mut out = Vec::new();
         for e in entries {
-            for p in self.raw(e, true)? {
+            for p in self.raw(e, true, l)? {
                 out.extend(links_on_the_way(&p)?);
             }
         }
         Ok(out)
     }
 
-    fn resolve_all(&self, entries: &[String], both_homes: bool) -> Result<Vec<PathBuf>, String> {
+    fn resolve_all(
+        &self,
+        entries: &[String],
+        both_homes: bool,
+        l: &Listings,
+    ) -> Result<Vec<PathBuf>, String> {
         let mut out = Vec::new();
         for e in entries {
-            out.extend(self.resolve(e, both_homes)?);
+            out.extend(self.resolve(e, both_homes, l)?);
         }
         out.sort();
         out.dedup();
@@ -369,7 +391,8 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
         ..Default::default()
     };
     let config = std::fs::canonicalize(cx.config_dir).unwrap_or_else(|_| cx.config_dir.into());
-    let mut hide = cx.resolve_all(&rules.deny_read, true)?;
+    let listings = Listings::default();
+    let mut hide = cx.resolve_all(&rules.deny_read, true, &listings)?;
     hide.push(config);
     let hide = outermost(hide);
     if under_any(cx.cwd, &hide) {
@@ -378,7 +401,7 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
             cx.cwd.display()
         ));
     }
-    let mut read_only = cx.resolve_all(&rules.read_only, true)?;
+    let mut read_only = cx.resolve_all(&rules.read_only, true, &listings)?;
     if let Some(exe) = cx.exe {
         read_only.push(exe.to_path_buf());
     }
@@ -391,7 +414,7 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
         None => vec!["{roots}".into(), "{cwd}".into()],
     };
     let mut write: Vec<PathBuf> = cx
-        .resolve_all(&write_entries, false)?
+        .resolve_all(&write_entries, false, &listings)?
         .into_iter()
         .filter(|p| !under_any(p, &hide))
         .collect();
@@ -403,8 +426,8 @@ pub fn build(cx: &Context) -> Result<Spec, String> {
     // replace them (their directory is writable): a write root holding one
     // is granted around it (what is in that directory stays writable; the
     // directory itself gets no new or removed entries).
-    let mut links = cx.links_all(&rules.deny_read)?;
-    links.extend(cx.links_all(&rules.read_only)?);
+    let mut links = cx.links_all(&rules.deny_read, &listings)?;
+    links.extend(cx.links_all(&rules.read_only, &listings)?);
     for c in std::iter::once(cx.config_dir).chain(cx.config_aliases.iter().map(PathBuf::as_path)) {
         links.extend(links_on_the_way(c)?);
     }
@@ -651,10 +674,10 @@ mod tests {
         for i in 0..=MAX_GLOB_MATCHES {
             std::fs::create_dir(d.path().join(format!("ssh-{i}"))).unwrap();
         }
-        let e = glob_paths(d.path().join("ssh-*")).unwrap_err();
+        let e = glob_paths(d.path().join("ssh-*"), &Listings::default()).unwrap_err();
         assert!(e.contains("more than"), "{e}");
         assert_eq!(
-            glob_paths(d.path().join("other-*")).unwrap(),
+            glob_paths(d.path().join("other-*"), &Listings::default()).unwrap(),
             Vec::<PathBuf>::new()
         );
     }
