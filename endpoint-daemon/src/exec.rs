@@ -719,10 +719,16 @@ mod tests {
     }
 
     async fn wait(e: &Arc<Entry>) -> pb::Exit {
+        // Bounded by time, not by wakeups: every output chunk wakes it, and
+        // a loaded machine reads a big output in many small chunks.
         let mut rx = e.subscribe();
-        for _ in 0..200 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for _ in 0..1_000_000 {
             if let Some(x) = e.exit() {
                 return x;
+            }
+            if Instant::now() > deadline {
+                break;
             }
             let _ = tokio::time::timeout(Duration::from_millis(100), rx.changed()).await;
         }

@@ -64,6 +64,28 @@ fn sh(spec: &mut Spec, line: &str, cwd: &Path) {
     spec.cwd = cwd.to_path_buf();
 }
 
+/// The plan for a command in `home/work`, with `~` as the write root and
+/// byomd's config dir in `home/.config/byomd`, as the daemon makes it.
+fn plan_in(home: &Path, rules: &SandboxRules, support: &Support) -> Result<Spec, String> {
+    let roots = vec!["~".to_string()];
+    let cwd = home.join("work");
+    let config = home.join(".config/byomd");
+    build(&Context {
+        rules,
+        support,
+        origin: Origin::Admin,
+        home: Some(home.to_path_buf()),
+        run_as_home: None,
+        uid: 0,
+        roots: &roots,
+        cwd: &cwd,
+        config_dir: &config,
+        config_aliases: Vec::new(),
+        exe: None,
+        tmp: None,
+    })
+}
+
 /// A home with byomd's config dir and a key inside the write root.
 struct Home {
     _dir: tempfile::TempDir,
@@ -89,24 +111,7 @@ impl Home {
             read_only: vec!["~/.bashrc".into()],
             ..Default::default()
         };
-        let roots = vec!["~".to_string()];
-        let cwd = self.root.join("work");
-        let config = self.root.join(".config/byomd");
-        build(&Context {
-            rules: &rules,
-            support,
-            origin: Origin::Admin,
-            home: Some(self.root.clone()),
-            run_as_home: None,
-            uid: 0,
-            roots: &roots,
-            cwd: &cwd,
-            config_dir: &config,
-            config_aliases: Vec::new(),
-            exe: None,
-            tmp: None,
-        })
-        .unwrap()
+        plan_in(&self.root, &rules, support).unwrap()
     }
 }
 
@@ -283,24 +288,8 @@ fn symlinks_on_the_way_to_what_is_protected_cannot_be_replaced() {
         read_only: vec!["~/.profile".into()],
         ..Default::default()
     };
-    let roots = vec!["~".to_string()];
     let cwd = home.join("work");
-    let config = home.join(".config/byomd");
-    let mut spec = build(&Context {
-        rules: &rules,
-        support: &s,
-        origin: Origin::Admin,
-        home: Some(home.clone()),
-        run_as_home: None,
-        uid: 0,
-        roots: &roots,
-        cwd: &cwd,
-        config_dir: &config,
-        config_aliases: Vec::new(),
-        exe: None,
-        tmp: None,
-    })
-    .unwrap();
+    let mut spec = plan_in(&home, &rules, &s).unwrap();
     let h = home.display();
     sh(
         &mut spec,

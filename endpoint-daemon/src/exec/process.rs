@@ -168,8 +168,9 @@ const SANDBOX_START: std::time::Duration = std::time::Duration::from_secs(30);
 /// A started process, and the sandbox it runs in.
 struct Spawned {
     child: tokio::process::Child,
+    /// The private temp dir to remove when it ends.
     #[cfg(target_os = "linux")]
-    sandbox: Option<crate::sandbox::Spec>,
+    tmp: Option<crate::sandbox::Tmp>,
     /// Our end of the helper's "byomd is alive" pipe, held to the end.
     #[cfg(target_os = "linux")]
     alive: Option<std::os::fd::OwnedFd>,
@@ -257,9 +258,11 @@ async fn spawn(
             host.clean(&spec);
             return Err(why);
         }
+        // Only the temp dir is needed from here on; the command line and
+        // environment (secrets in them) are not kept.
         return Ok(Spawned {
             child,
-            sandbox: Some(spec),
+            tmp: spec.tmp,
             alive: Some(alive),
         });
     }
@@ -309,7 +312,7 @@ async fn spawn(
             Ok(Spawned {
                 child,
                 #[cfg(target_os = "linux")]
-                sandbox: None,
+                tmp: None,
                 #[cfg(target_os = "linux")]
                 alive: None,
                 #[cfg(windows)]
@@ -371,7 +374,7 @@ pub(super) async fn run_process(
     };
     let mut child = spawned.child;
     #[cfg(target_os = "linux")]
-    let spawned_sandbox = spawned.sandbox;
+    let spawned_tmp = spawned.tmp;
     #[cfg(target_os = "linux")]
     let _alive = spawned.alive;
     let pid = child.id().unwrap_or(0);
@@ -475,8 +478,8 @@ pub(super) async fn run_process(
         exit.truncated = o.truncated;
     }
     #[cfg(target_os = "linux")]
-    if let (Some(spec), Some(host)) = (&spawned_sandbox, &runner.sandbox) {
-        host.clean(spec);
+    if let Some(t) = &spawned_tmp {
+        crate::sandbox::host::remove_tmp(t);
     }
     exit.network = plan.network;
     exit.sandbox = plan.sandbox_level.clone();

@@ -361,35 +361,50 @@ fn home() -> Option<PathBuf> {
     std::env::var_os("HOME").map(PathBuf::from)
 }
 
+/// A password-database entry as (uid, gid, home), from `getpwnam_r` or
+/// `getpwuid_r` (given as `call`, filling the struct and buffer it is
+/// handed).
+#[cfg(unix)]
+pub(crate) fn passwd_entry(
+    call: impl FnOnce(
+        *mut libc::passwd,
+        *mut libc::c_char,
+        usize,
+        *mut *mut libc::passwd,
+    ) -> libc::c_int,
+) -> Option<(u32, u32, PathBuf)> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: zeroed is a valid passwd to be filled.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    let rc = call(&mut pw, buf.as_mut_ptr(), buf.len(), &mut result);
+    if rc != 0 || result.is_null() || pw.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: pw_dir points into buf, NUL-terminated, alive here.
+    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
+    Some((
+        pw.pw_uid,
+        pw.pw_gid,
+        PathBuf::from(std::ffi::OsStr::from_bytes(dir.to_bytes())),
+    ))
+}
+
 /// Looks a local user up (name → uid, gid, home).
 #[cfg(unix)]
 fn lookup_user(name: &str) -> Result<RunAs, String> {
     let cname = std::ffi::CString::new(name).map_err(|_| format!("bad user name {name:?}"))?;
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: getpwnam_r writes into our zeroed struct and buffer only.
-    let rc = unsafe {
-        libc::getpwnam_r(
-            cname.as_ptr(),
-            &mut pw,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() {
-        return Err(format!("no local user {name:?}"));
-    }
-    // SAFETY: pw_dir points into buf, NUL-terminated, alive here.
-    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) }
-        .to_string_lossy()
-        .into_owned();
+    // SAFETY: getpwnam_r writes into the struct and buffer it is given only.
+    let (uid, gid, home) = passwd_entry(|pw, buf, len, result| unsafe {
+        libc::getpwnam_r(cname.as_ptr(), pw, buf, len, result)
+    })
+    .ok_or_else(|| format!("no local user {name:?}"))?;
     Ok(RunAs {
         user: name.to_string(),
-        uid: pw.pw_uid,
-        gid: pw.pw_gid,
-        home: PathBuf::from(dir),
+        uid,
+        gid,
+        home,
     })
 }
 

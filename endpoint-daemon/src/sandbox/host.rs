@@ -3,7 +3,6 @@
 //! and the request.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::plan::{self, Context, Spec, Tmp};
@@ -172,9 +171,14 @@ impl Host {
     /// Removes a command's temp dir once it ended.
     pub fn clean(&self, spec: &Spec) {
         if let Some(t) = &spec.tmp {
-            let _ = std::fs::remove_dir_all(&t.own);
+            remove_tmp(t);
         }
     }
+}
+
+/// Removes a command's temp dir once it ended.
+pub fn remove_tmp(t: &Tmp) {
+    let _ = std::fs::remove_dir_all(&t.own);
 }
 
 /// `<temp dir>/byomd-UID/TAG`: both made 0700 by us, or refused
@@ -273,24 +277,9 @@ pub fn home_dir() -> Option<PathBuf> {
     if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
         return Some(PathBuf::from(h));
     }
-    // SAFETY: zeroed is a valid passwd to be filled.
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: getpwuid_r writes into our struct and buffer only.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            libc::geteuid(),
-            &mut pw,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() || pw.pw_dir.is_null() {
-        return None;
-    }
-    // SAFETY: pw_dir points into buf, NUL-terminated, alive here.
-    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
-    Some(PathBuf::from(std::ffi::OsStr::from_bytes(dir.to_bytes())))
+    // SAFETY: getpwuid_r writes into the struct and buffer it is given only.
+    crate::policy::passwd_entry(|pw, buf, len, result| unsafe {
+        libc::getpwuid_r(libc::geteuid(), pw, buf, len, result)
+    })
+    .map(|(_, _, home)| home)
 }

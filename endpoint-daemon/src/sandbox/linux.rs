@@ -238,14 +238,7 @@ fn wipe(spec: &mut Spec) {
 }
 
 pub(super) fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills fds.
-    check(
-        unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) },
-        || "pipe".into(),
-    )?;
-    // SAFETY: both descriptors are new and ours.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    super::pipe().map_err(|e| format!("pipe: {e}"))
 }
 
 pub(super) fn namespaces(spec: &Spec) -> Result<(), String> {
@@ -293,63 +286,8 @@ pub(super) fn mount(
     check(rc, || format!("mount {}", target.display()))
 }
 
-fn bind(src: &Path, target: &Path) -> Result<(), String> {
-    let s = cstr(src)?;
-    mount(Some(&s), target, None, libc::MS_BIND | libc::MS_REC, None)
-}
-
-/// `MOUNT_ATTR_RDONLY`, recursively or not, through mount_setattr (no
-/// need to repeat the flags a user namespace locks, as a remount must).
-pub(super) fn make_readonly(target: &Path, recursive: bool) -> Result<(), String> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    const MOUNT_ATTR_RDONLY: u64 = 1;
-    const AT_RECURSIVE: libc::c_int = 0x8000;
-    let t = cstr(target)?;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: attr is a valid mount_attr of the size given.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            if recursive { AT_RECURSIVE } else { 0 },
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    check(rc as libc::c_int, || {
-        format!("read-only {}", target.display())
-    })
-}
-
-fn open_path(p: &Path, flags: libc::c_int) -> Result<OwnedFd, String> {
-    let c = cstr(p)?;
-    // SAFETY: opening a path; the descriptor becomes an OwnedFd.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | flags) };
-    if fd < 0 {
-        return Err(err(format!("open {}", p.display())));
-    }
-    // SAFETY: fd is new and ours.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn fd_path(fd: &OwnedFd) -> std::path::PathBuf {
-    std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-}
-
 fn mounts(spec: &Spec) -> Result<(), String> {
-    use super::mount::{self as m, open_exact};
+    use super::mount::{self as m, make_readonly, open_exact, open_path};
     // Nothing done here may reach the rest of the machine.
     mount(
         None,
@@ -415,7 +353,7 @@ fn mounts(spec: &Spec) -> Result<(), String> {
     for (name, fd) in &devices {
         let target = dev.join(name);
         std::fs::File::create(&target).map_err(|e| format!("{}: {e}", target.display()))?;
-        bind(&fd_path(fd), &target)?;
+        m::bind(fd, &open_path(&target, 0)?, false, &target)?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),

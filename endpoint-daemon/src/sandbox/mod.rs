@@ -61,6 +61,22 @@ pub struct Support {
     pub errors: Vec<String>,
 }
 
+#[cfg(test)]
+impl Support {
+    /// Everything a Linux kernel can offer (for planning tests).
+    pub(crate) fn everything() -> Support {
+        Support {
+            user_ns: true,
+            mount_ns: true,
+            pid_ns: true,
+            net_ns: true,
+            landlock_abi: 7,
+            seccomp: true,
+            ..Default::default()
+        }
+    }
+}
+
 /// The helper's word to byomd, one JSON line on the report pipe.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -314,7 +330,7 @@ pub fn prepare(helper: &Path, spec: &Spec) -> std::io::Result<Prepared> {
 }
 
 #[cfg(target_os = "linux")]
-fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+pub(crate) fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use std::os::fd::{FromRawFd, OwnedFd};
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills fds.
@@ -377,15 +393,7 @@ mod tests {
     #[test]
     fn levels_say_what_is_missing() {
         let rules = SandboxRules::default();
-        let full = Support {
-            user_ns: true,
-            mount_ns: true,
-            pid_ns: true,
-            net_ns: true,
-            landlock_abi: 7,
-            seccomp: true,
-            ..Default::default()
-        };
+        let full = Support::everything();
         if cfg!(target_os = "linux") {
             assert_eq!(full.level(&rules), Level::Full);
             let mut no_ns = full.clone();

@@ -274,3 +274,20 @@ pub fn private_tmp(
     bind(own, &target, false, what)?;
     set_attr(&m, MOUNT_ATTR_RDONLY, false)
 }
+
+/// Opens a system path (`/`, `/dev/null`) as `O_PATH`, following links:
+/// for the paths byomd itself names, not the plan's.
+pub fn open_path(p: &Path, flags: libc::c_int) -> Result<OwnedFd, String> {
+    let c = CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{} has a NUL byte", p.display()))?;
+    // SAFETY: opening a path; the descriptor becomes an OwnedFd.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | flags) };
+    owned(fd as libc::c_long, || format!("open {}", p.display()))
+}
+
+/// Makes the mount at a system path read-only (with what is mounted
+/// below it, if `recursive`).
+pub fn make_readonly(target: &Path, recursive: bool) -> Result<(), String> {
+    set_attr(&open_path(target, 0)?, MOUNT_ATTR_RDONLY, recursive)
+        .map_err(|e| format!("read-only {}: {e}", target.display()))
+}

@@ -533,15 +533,7 @@ mod tests {
     use super::*;
 
     fn full() -> Support {
-        Support {
-            user_ns: true,
-            mount_ns: true,
-            pid_ns: true,
-            net_ns: true,
-            landlock_abi: 7,
-            seccomp: true,
-            ..Default::default()
-        }
+        Support::everything()
     }
 
     struct Home {

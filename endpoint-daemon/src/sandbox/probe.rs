@@ -5,7 +5,8 @@
 use std::io::{Read, Write};
 use std::path::Path;
 
-use super::linux::{check, err, loopback_up, make_readonly, mount, namespaces, pipe};
+use super::linux::{check, err, loopback_up, mount, namespaces, pipe};
+use super::mount::make_readonly;
 use super::plan::Spec;
 use super::seccomp;
 use super::Support;

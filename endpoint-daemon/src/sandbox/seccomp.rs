@@ -350,7 +350,7 @@ mod tests {
 
     /// Runs `f` in a forked child under the filter; the child's exit code
     /// is what `f` returned.
-    fn in_child(opts: Options, f: fn() -> i32) -> i32 {
+    fn in_child(opts: Options, f: impl FnOnce() -> i32) -> i32 {
         let prog = program(opts);
         // SAFETY: the child only makes raw syscalls and exits.
         unsafe {
@@ -456,114 +456,64 @@ mod tests {
         );
         assert_eq!(code, 0);
     }
-}
-
-#[cfg(test)]
-mod namespaced {
-    use super::*;
 
     #[test]
     fn a_namespaced_network_keeps_ip_but_not_vsock() {
-        let prog = program(Options {
+        let opts = Options {
             sockets: Sockets::Namespaced,
             deny_ptrace: false,
             deny_owner_changes: false,
-        });
-        // SAFETY: the child only makes raw syscalls and exits.
-        let code = unsafe {
-            let pid = libc::fork();
-            assert!(pid >= 0);
-            if pid == 0 {
-                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-                if install(&prog).is_err() {
-                    libc::_exit(100);
-                }
-                let ip = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
-                let unix = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
-                let vsock = libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0);
-                let packet = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-                let mptcp = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 262);
-                libc::_exit(
-                    if ip >= 0 && unix == -1 && vsock == -1 && packet == -1 && mptcp == -1 {
-                        0
-                    } else {
-                        1
-                    },
-                );
-            }
-            let mut st = 0;
-            libc::waitpid(pid, &mut st, 0);
-            libc::WEXITSTATUS(st)
         };
+        let code = in_child(opts, || unsafe {
+            let ip = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            let unix = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            let vsock = libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0);
+            let packet = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+            let mptcp = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 262);
+            i32::from(!(ip >= 0 && unix == -1 && vsock == -1 && packet == -1 && mptcp == -1))
+        });
         assert_eq!(code, 0);
     }
-}
-
-#[cfg(test)]
-mod modes {
-    use super::*;
 
     #[test]
     fn no_set_id_files_and_ports_mode_refuses_mptcp() {
-        let prog = program(Options {
+        let opts = Options {
             sockets: Sockets::Ports,
             deny_ptrace: false,
             deny_owner_changes: false,
-        });
+        };
         let dir = tempfile::tempdir().unwrap();
         let name = |n: &str| {
             std::ffi::CString::new(dir.path().join(n).as_os_str().as_encoded_bytes()).unwrap()
         };
         let (f, g) = (name("f"), name("g"));
-        // SAFETY: the child only makes raw syscalls and exits.
-        let code = unsafe {
-            let pid = libc::fork();
-            assert!(pid >= 0);
-            if pid == 0 {
-                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-                if install(&prog).is_err() {
-                    libc::_exit(100);
-                }
-                let fd = libc::openat(
-                    libc::AT_FDCWD,
-                    f.as_ptr(),
-                    libc::O_CREAT | libc::O_WRONLY,
-                    0o644,
-                );
-                if fd < 0 {
-                    libc::_exit(1);
-                }
-                if libc::fchmod(fd, 0o4755) != -1
-                    || libc::fchmodat(libc::AT_FDCWD, f.as_ptr(), 0o2755, 0) != -1
-                {
-                    libc::_exit(2);
-                }
-                if libc::fchmod(fd, 0o755) != 0 {
-                    libc::_exit(3);
-                }
-                if libc::openat(
-                    libc::AT_FDCWD,
-                    g.as_ptr(),
-                    libc::O_CREAT | libc::O_WRONLY,
-                    0o4755,
-                ) != -1
-                {
-                    libc::_exit(4);
-                }
-                if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 262) != -1 {
-                    libc::_exit(5);
-                }
-                if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) < 0
-                    || libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0
-                {
-                    libc::_exit(6);
-                }
-                libc::_exit(0);
+        let code = in_child(opts, || unsafe {
+            let create = libc::O_CREAT | libc::O_WRONLY;
+            let fd = libc::openat(libc::AT_FDCWD, f.as_ptr(), create, 0o644);
+            if fd < 0 {
+                return 1;
             }
-            let mut st = 0;
-            libc::waitpid(pid, &mut st, 0);
-            libc::WEXITSTATUS(st)
-        };
+            if libc::fchmod(fd, 0o4755) != -1
+                || libc::fchmodat(libc::AT_FDCWD, f.as_ptr(), 0o2755, 0) != -1
+            {
+                return 2;
+            }
+            if libc::fchmod(fd, 0o755) != 0 {
+                return 3;
+            }
+            if libc::openat(libc::AT_FDCWD, g.as_ptr(), create, 0o4755) != -1 {
+                return 4;
+            }
+            if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 262) != -1 {
+                return 5;
+            }
+            if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) < 0
+                || libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0
+            {
+                return 6;
+            }
+            0
+        });
         assert_eq!(code, 0);
     }
 }

@@ -132,6 +132,16 @@ pub(super) const TMUX_SAFE: &[&str] = &[
     "renamew",
 ];
 
+/// The options of `npm exec`/`npx` that take a value.
+const NPM_EXEC_VALUES: &[&str] = &[
+    "package",
+    "call",
+    "prefix",
+    "workspace",
+    "registry",
+    "cache",
+];
+
 pub(super) fn spec(name: &str) -> Option<Spec> {
     Some(match name {
         "env" => Spec {
@@ -676,14 +686,7 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
         "npx" | "bunx" => Spec {
             short_values: "pc",
             short_flags: "yq",
-            long_values: &[
-                "package",
-                "call",
-                "prefix",
-                "workspace",
-                "registry",
-                "cache",
-            ],
+            long_values: NPM_EXEC_VALUES,
             long_flags: &["yes", "no", "quiet", "bun", "silent"],
             scripts: &["c", "call"],
             ..RUNNER
@@ -691,14 +694,7 @@ pub(super) fn spec(name: &str) -> Option<Spec> {
         "npm" => Spec {
             short_values: "pcw",
             short_flags: "yq",
-            long_values: &[
-                "package",
-                "call",
-                "prefix",
-                "workspace",
-                "registry",
-                "cache",
-            ],
+            long_values: NPM_EXEC_VALUES,
             long_flags: &["yes", "no", "quiet", "workspaces", "include-workspace-root"],
             scripts: &["c", "call"],
             subcommands: &["exec", "x"],
