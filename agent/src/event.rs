@@ -33,6 +33,10 @@ pub struct TriggerInfo {
     /// Why it is trusted or not.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub trust: String,
+    /// When the server received it (0: unknown). An answer to an
+    /// approval counts only when it came after the request.
+    #[serde(default)]
+    pub at_ms: crate::Ms,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -241,6 +245,16 @@ pub enum RouterItem {
         threads: Vec<String>,
         status: String,
         text: String,
+        /// The worker's flags when it reported: they travel with its
+        /// words, so a worker that has ended (and left memory) still
+        /// taints what reads them and still needs approval to post
+        /// elsewhere.
+        #[serde(default)]
+        flags: crate::state::Flags,
+        /// The threads of its task as given (a report there answers the
+        /// people who asked; anywhere else is "elsewhere").
+        #[serde(default)]
+        own_threads: Vec<String>,
     },
     Question {
         approval: String,

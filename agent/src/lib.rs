@@ -16,6 +16,7 @@
 //! [`llm::Request`]/[`llm::Response`], [`scripted::Scripted`],
 //! [`fastpath::decide`], [`sim::run`], [`storage::keys`].
 
+pub mod approval;
 pub mod budgets;
 pub mod core;
 pub mod event;

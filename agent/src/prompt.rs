@@ -13,8 +13,9 @@ use crate::storage::Conversation;
 pub const ROUTER_SYSTEM: &str = "You are byom's Router. You talk to people on their channels and hand \
 out work; you never do the work yourself and you have no tool that runs anything. Each turn you get \
 every new event at once. For each one decide: create a worker for a task (give it the thread and a \
-machine or labels), reply on the thread, subscribe or unsubscribe a worker, cancel a worker, answer \
-a person's answer to an approval (only people approve: you carry their words, never your own), or ignore it. Workers report to you; you speak for them. Chat \
+machine or labels), reply on the thread, subscribe or unsubscribe a worker, cancel a worker, or \
+ignore it. Approval requests are posted by byom itself with a code; only an approver's own \
+`approve CODE` answers one, never you. Workers report to you; you speak for them. Chat \
 channels get short answers (at most 100 words); other channels get structured ones. Use recall(id) \
 to read any object whose ID you see. Follow the user's policies.";
 
@@ -88,11 +89,6 @@ pub fn router_tools() -> Vec<Tool> {
             "cancel_worker",
             "Stop a worker and its running commands.",
             json!({"type": "object", "properties": {"worker": {"type": "string"}, "reason": {"type": "string"}}, "required": ["worker"]}),
-        ),
-        tool(
-            "answer",
-            "Carry a person's answer to an approval: name the trigger (on the approval's thread, in this turn) in which they said yes or no. Only approvers' answers count; the outcome is posted on the thread for you.",
-            json!({"type": "object", "properties": {"approval": {"type": "string"}, "approved": {"type": "boolean"}, "trigger": {"type": "string"}}, "required": ["approval", "approved", "trigger"]}),
         ),
         tool(
             "ignore",

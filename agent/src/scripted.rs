@@ -6,8 +6,10 @@
 //! that waits that long.
 //!
 //! Router rules, per event in the turn: a policy "ignore … from USER" or
-//! "ignore … \"WORDS\"" ignores matching triggers; on a thread with an open
-//! approval, yes/no words answer it; "cancel"/"stop" on a thread with
+//! "ignore … \"WORDS\"" ignores matching triggers; approval requests are
+//! posted by the core (only an approver's `approve CODE` answers one), so
+//! yes/no words on a thread with an open one are left to the core's hint;
+//! "cancel"/"stop" on a thread with
 //! workers cancels them; a message with a `backticked` command or a ```js
 //! fence becomes a worker task on the machine named by "on NAME"; worker
 //! reports and questions are relayed to their thread; anything else
@@ -330,7 +332,6 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
         })
         .collect();
     let mut calls = Vec::new();
-    let mut answered: std::collections::HashSet<String> = std::collections::HashSet::new();
     for e in elements(&msg.text, "event") {
         let thread = attr(&e, "thread").to_string();
         if e.flags.iter().any(|f| f == "report") {
@@ -358,12 +359,7 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
             continue;
         }
         if e.flags.iter().any(|f| f == "question") {
-            let apr = attr(&e, "approval");
-            calls.push((
-                "reply".into(),
-                json!({"thread": thread, "status": "approval needed",
-                       "text": format!("Approval needed ({apr}): {} Answer yes or no here, or run `byom approvals approve {apr}`.", e.body)}),
-            ));
+            // byom posted the request on the thread itself.
             continue;
         }
         let trigger = attr(&e, "trigger").to_string();
@@ -376,25 +372,16 @@ fn router_rules(req: &Request) -> Vec<(String, Value)> {
             ));
             continue;
         }
-        // Several questions may be open on one thread (a program's
-        // parallel subagents each ask): each answer in the batch takes the
-        // next one still unanswered, so none is left waiting for an answer
-        // that was spent on its sibling.
-        if let Some(a) = approvals
-            .iter()
-            .find(|a| attr(a, "thread") == thread && !answered.contains(attr(a, "id")))
+        // Yes/no words on a thread with an open request: not an answer
+        // (the core told them what one looks like), nothing to do.
+        if approvals.iter().any(|a| attr(a, "thread") == thread)
+            && (has_word(text, YES) || has_word(text, NO))
         {
-            let apr = attr(a, "id");
-            if has_word(text, YES) || has_word(text, NO) {
-                answered.insert(apr.to_string());
-                let approved = has_word(text, YES) && !has_word(text, NO);
-                // The core checks who said it and posts the outcome.
-                calls.push((
-                    "answer".into(),
-                    json!({"approval": apr, "approved": approved, "trigger": trigger}),
-                ));
-                continue;
-            }
+            calls.push((
+                "ignore".into(),
+                json!({"trigger": trigger, "reason": "words about an approval; only `approve CODE` answers one"}),
+            ));
+            continue;
         }
         let workers = subs.get(&thread).cloned().unwrap_or_default();
         if has_word(text, CANCEL) && !workers.is_empty() {

@@ -38,6 +38,18 @@ pub struct RouterState {
     /// makes in it).
     #[serde(default)]
     pub turn_read: Flags,
+    /// A and B of the untrusted text shown to the Router as "seen on
+    /// subscribed threads" since its last turn: the next turn starts
+    /// with them.
+    #[serde(default)]
+    pub observed_flags: Flags,
+    /// Where the current turn's messages start in the conversation.
+    #[serde(default)]
+    pub turn_start: usize,
+    /// Said at the start of the next turn: that a turn which read
+    /// untrusted input was taken out of the conversation.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub carry_note: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -284,6 +296,8 @@ pub enum ApprovalState {
     Denied,
     /// Its program or worker ended before anyone answered.
     Cancelled,
+    /// Nobody answered in time: as good as a "no".
+    Expired,
 }
 
 impl ApprovalState {
@@ -293,6 +307,7 @@ impl ApprovalState {
             ApprovalState::Approved => "approved",
             ApprovalState::Denied => "denied",
             ApprovalState::Cancelled => "cancelled",
+            ApprovalState::Expired => "expired",
         }
     }
 }
@@ -342,4 +357,18 @@ pub struct Approval {
     /// Answers refused because the person may not approve (bounded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused: Vec<String>,
+    /// The short code an answer must name (`approve CODE`). Requests
+    /// made before codes existed have none and answer only from the CLI.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub code: String,
+    /// The exact action approved: the command line, or the post's text.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub action: String,
+    /// What the approval covers ([`crate::approval::digest`] of kind,
+    /// machine and action): released only for an action with this digest.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    /// When it expires unanswered (0: never, for old records).
+    #[serde(default)]
+    pub expires_ms: Ms,
 }

@@ -170,7 +170,8 @@ impl World for TestWorld {
     fn lookup(&self, id: &str) -> Option<String> {
         if let Some(t) = self.triggers.get(id) {
             return serde_json::to_string(&serde_json::json!({
-                "thread_id": t.thread, "source": t.source, "user": t.user,
+                "thread_id": t.thread, "source": t.source, "user": t.user, "principal": t.user,
+                "created_at_ms": t.at_ms,
                 "text": t.text, "mention": t.mention, "trusted": t.trusted, "trust": t.trust
             }))
             .ok();

@@ -147,12 +147,20 @@ fn clean(s: &str, max: usize) -> String {
 /// The agents' view of a stored trigger: its author is the principal
 /// containment judged (the name they gave stays as the display name).
 pub fn info(t: &pb::Trigger) -> TriggerInfo {
-    let (user, user_name) = if t.principal.is_empty() || t.principal == t.user {
-        (t.user.clone(), t.user_name.clone())
-    } else if t.user_name.is_empty() {
-        (t.principal.clone(), t.user.clone())
+    // The author is the principal judged at ingest, never the name the
+    // event claimed: a trigger without one speaks for nobody (it can
+    // match no trust or approver pattern).
+    let user = if t.principal.is_empty() {
+        format!("unjudged:{}", t.user)
     } else {
-        (t.principal.clone(), t.user_name.clone())
+        t.principal.clone()
+    };
+    let user_name = if !t.user_name.is_empty() {
+        t.user_name.clone()
+    } else if t.user != user {
+        t.user.clone()
+    } else {
+        String::new()
     };
     TriggerInfo {
         id: t.id.clone(),
@@ -165,6 +173,7 @@ pub fn info(t: &pb::Trigger) -> TriggerInfo {
         context: Vec::new(),
         trusted: t.trusted,
         trust: t.trust.clone(),
+        at_ms: t.created_at_ms,
     }
 }
 

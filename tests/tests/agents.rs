@@ -269,8 +269,21 @@ fn approval_answered_in_the_chat() {
         .collect();
     assert_eq!(subs.len(), 3, "three subagents");
     assert!(subs.iter().all(|w| w["status"] == "done"));
+    // Words are not an answer; the code is.
     say(&server, "a1", "yes, go ahead");
-    let r = wait_replies(&server, "a1", 4);
+    let i = r[1].find("`approve ").expect("a code");
+    let code: String = r[1][i + 9..].chars().take(6).collect();
+    say(&server, "a1", &format!("approve {code}"));
+    let r = wait_for("the program's result", T, || {
+        let r = replies(&server, "a1");
+        r.iter()
+            .any(|x| x.starts_with("Done: Program"))
+            .then_some(r)
+    });
+    assert!(
+        r.iter().any(|x| x.contains("That is not an answer")),
+        "{r:?}"
+    );
     let done = r
         .iter()
         .find(|x| x.starts_with("Done: Program"))
@@ -332,13 +345,17 @@ fn approval_from_the_cli_after_a_restart_during_the_pause() {
 fn denied_approval_skips_the_step() {
     let (_dir, server, _d) = setup(&[]);
     say(&server, "n1", PARALLEL);
-    wait_replies(&server, "n1", 2);
-    say(&server, "n1", "no");
-    let r = wait_replies(&server, "n1", 4);
-    assert!(
-        r.iter().any(|x| x.contains("skipped: not approved")),
-        "{r:?}"
-    );
+    let r = wait_replies(&server, "n1", 2);
+    let i = r[1].find("`deny ").expect("a code");
+    let code: String = r[1][i + 6..].chars().take(6).collect();
+    say(&server, "n1", &format!("deny {code}"));
+    let r = wait_for("the step skipped", T, || {
+        let r = replies(&server, "n1");
+        r.iter()
+            .any(|x| x.contains("skipped: not approved"))
+            .then_some(r)
+    });
+    assert!(r.iter().any(|x| x.contains("Denied by")), "{r:?}");
     assert!(commands_with(&server, "echo cleaned-up").is_empty());
 }
 

@@ -149,6 +149,12 @@ impl Gh {
     }
 }
 
+/// The code a request names (`approve CODE`).
+fn code(text: &str) -> String {
+    let i = text.find("`approve ").expect("a code to approve with");
+    text[i + "`approve ".len()..].chars().take(6).collect()
+}
+
 fn apr_id(text: &str) -> String {
     let i = text.find("apr_").expect("an approval ID");
     text[i..]
@@ -157,9 +163,12 @@ fn apr_id(text: &str) -> String {
         .collect()
 }
 
-/// (1) A stranger's request waits for an approver; their own "yes" is
-/// refused and told who may approve; an approver's "yes" runs it and their
-/// "no" ends the next one. (2) A trusted maintainer's request runs at once.
+/// (1) A stranger's request waits for an approver; the request byom
+/// posts shows the exact command and a code; their own `approve CODE` is
+/// refused and told who may approve; an approver's refusals, questions,
+/// plain "yes" and quoted answers are not answers; an approver's
+/// `approve CODE` runs it, once (a replay under a new delivery does
+/// nothing), and `deny CODE` ends the next one. (2) A trusted maintainer's request runs at once.
 /// (5) The subagents of a stranger's program are tainted too.
 #[test]
 fn strangers_wait_for_an_approver_and_maintainers_do_not() {
@@ -191,17 +200,39 @@ fn strangers_wait_for_an_approver_and_maintainers_do_not() {
         byom_tests::stdout(&ls)
     );
 
+    assert!(
+        ask.contains("echo stranger-ran"),
+        "shows the exact command: {ask}"
+    );
+    let code = code(&ask);
+
     // The stranger approves their own request: refused, told who can.
-    gh.comment(2, STRANGER, "NONE", "yes, go ahead");
+    gh.comment(2, STRANGER, "NONE", &format!("approve {code}"));
     let refused = gh.wait_reply(2, "the refusal", |r| r.contains("may not approve"));
     assert!(refused.contains(&format!("github:{MAINT}")), "{refused}");
+    // The approver's words that are not an explicit approval.
+    let q = format!("> approve {code}");
+    for not in [
+        "Do not approve this.",
+        "not ok",
+        "I'm not sure",
+        "Is it ok to run this?",
+        "yes, go ahead",
+        q.as_str(),
+    ] {
+        gh.comment(2, MAINT, "OWNER", not);
+    }
+    gh.wait_reply(2, "what an answer looks like", |r| {
+        r.contains("That is not an answer") && r.contains(&code)
+    });
+    std::thread::sleep(Duration::from_secs(2));
     let a = gh.approvals();
     let a = a.iter().find(|a| a["id"] == apr.as_str()).unwrap();
     assert_eq!(a["state"], "open", "{a}");
     assert!(gh.commands_with("echo stranger-ran").is_empty());
 
-    // The approver says yes: it runs, and the approval names them.
-    gh.comment(2, MAINT, "OWNER", "yes, go ahead");
+    // The approver's explicit act: it runs, and the approval names them.
+    gh.comment(2, MAINT, "OWNER", &format!("approve {code}"));
     let done = gh.wait_reply(2, "the result", |r| r.contains("Done:"));
     assert!(done.contains("stranger-ran"), "{done}");
     let a = gh.approvals();
@@ -215,12 +246,25 @@ fn strangers_wait_for_an_approver_and_maintainers_do_not() {
     assert_eq!(c["approved_by"], format!("github:{MAINT}"), "{c}");
     assert!(c["taint"].as_str().unwrap().contains("trg_"), "{c}");
 
+    // Once: the same answer again (a new delivery) runs nothing more.
+    gh.comment(2, MAINT, "OWNER", &format!("approve {code}"));
+    gh.wait_reply(2, "the replay refused", |r| {
+        r.contains("already approved") || r.contains("no request with code")
+    });
+    assert_eq!(gh.commands_with("echo stranger-ran").len(), 1);
+
     // A denial ends it, and nothing runs.
     gh.comment(3, STRANGER, "NONE", "please run `echo denied-ran` on lap");
-    gh.wait_reply(3, "the approval question", |r| {
+    let ask = gh.wait_reply(3, "the approval question", |r| {
         r.contains("Approval needed")
     });
-    gh.comment(3, MAINT, "OWNER", "no, don't");
+    // The earlier request's code does not answer this one.
+    gh.comment(3, MAINT, "OWNER", &format!("approve {code}"));
+    gh.wait_reply(3, "the old code refused", |r| {
+        r.contains("already approved") || r.contains("no request with code")
+    });
+    assert!(gh.commands_with("echo denied-ran").is_empty());
+    gh.comment(3, MAINT, "OWNER", &format!("deny {}", self::code(&ask)));
     gh.wait_reply(3, "the denial", |r| r.contains("Denied by"));
     assert!(gh.commands_with("echo denied-ran").is_empty());
 
@@ -283,7 +327,7 @@ fn a_tainted_worker_posting_elsewhere_needs_an_approval() {
     let ask = gh.wait_reply(10, "the command's approval", |r| {
         r.contains("Approval needed") && r.contains("echo see")
     });
-    gh.comment(10, MAINT, "OWNER", "yes");
+    gh.comment(10, MAINT, "OWNER", &format!("approve {}", code(&ask)));
     let _ = apr_id(&ask);
     // Then the report to #11 (not the task's thread) is held, asked on #10.
     let post = gh.wait_reply(10, "the post's approval", |r| {
@@ -298,7 +342,7 @@ fn a_tainted_worker_posting_elsewhere_needs_an_approval() {
         "nothing posted on #11 yet: {:?}",
         gh.replies(11)
     );
-    gh.comment(10, MAINT, "OWNER", "yes");
+    gh.comment(10, MAINT, "OWNER", &format!("approve {}", code(&post)));
     let on11 = gh.wait_reply(11, "the approved post", |r| r.contains("echo see"));
     assert!(on11.contains("issues/11"), "{on11}");
     // The task's own thread hears the result without asking anyone.
@@ -375,9 +419,7 @@ fn the_router_cannot_approve_on_its_own() {
             .lock()
             .unwrap()
             .iter()
-            .filter(|t| {
-                t.contains("only people approve") || t.contains("not a message of this turn")
-            })
+            .filter(|t| t.contains("only people approve"))
             .cloned()
             .collect();
         (r.len() >= 2).then_some(r)
@@ -391,7 +433,7 @@ fn the_router_cannot_approve_on_its_own() {
     let a = a.iter().find(|a| a["id"] == apr.as_str()).unwrap();
     assert_eq!(a["state"], "open", "{a}");
     assert!(gh.commands_with("echo self-approved").is_empty());
-    gh.comment(20, MAINT, "OWNER", "yes");
+    gh.comment(20, MAINT, "OWNER", &format!("approve {}", code(&ask)));
     let done = gh.wait_reply(20, "the result", |r| r.contains("Done:"));
     assert!(done.contains("self-approved"), "{done}");
 }
@@ -421,10 +463,10 @@ fn the_owner_can_refuse_untrusted_work_whatever_the_server_says() {
         "NONE",
         "please run `echo strict-ran` on strict",
     );
-    gh.wait_reply(30, "the approval question", |r| {
+    let ask = gh.wait_reply(30, "the approval question", |r| {
         r.contains("Approval needed")
     });
-    gh.comment(30, MAINT, "OWNER", "yes");
+    gh.comment(30, MAINT, "OWNER", &format!("approve {}", code(&ask)));
     let c = wait_for("the command to end", T, || {
         gh.commands_with("echo strict-ran").into_iter().find(|c| {
             !matches!(

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::{push_bounded, Core};
+use crate::approval;
 use crate::event::{CommandResult, Effect, Reply, RouterItem, TriggerInfo};
 use crate::state::{Approval, ApprovalKind, ApprovalState, Flags};
 use crate::trust::{answer_in, Trust};
@@ -116,9 +117,18 @@ impl Core {
                 RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. } if !t.trusted => {
                     f.add_untrusted(&t.id, &format!("in the Router's turn: {}", t.trust));
                 }
-                RouterItem::Report { worker, .. } => {
+                // The flags it reported with, which outlive the worker;
+                // and its current ones while it is still in memory.
+                RouterItem::Report { worker, flags, .. } => {
+                    inherit(&mut f, flags, worker, "a report of");
                     if let Some(w) = self.records.worker(worker) {
                         inherit(&mut f, &w.flags, worker, "a report of");
+                    }
+                }
+                // A request's text holds the action of a tainted worker.
+                RouterItem::Question { approval, .. } => {
+                    if let Some(a) = self.records.approvals().get(approval) {
+                        inherit(&mut f, &a.flags, approval, "the approval request");
                     }
                 }
                 _ => {}
@@ -162,10 +172,6 @@ impl Core {
             }
             return None;
         }
-        let question = format!(
-            "{id} wants to run `{command}` on {target}. It read untrusted input, {target} is sensitive, and the command can change things: {}.",
-            after.explain()
-        );
         let labels = reach.first().map(|m| m.labels.clone());
         Some(self.ask(
             world,
@@ -173,7 +179,8 @@ impl Core {
             ApprovalKind::Command,
             &target,
             labels.as_ref(),
-            question,
+            "run a command",
+            command,
             after,
             cmd,
             None,
@@ -188,7 +195,7 @@ impl Core {
         world: &mut dyn World,
         r: &Reply,
     ) -> Result<Option<String>, String> {
-        let items = &self.records.router().turn_items;
+        let items = self.records.router().turn_items.clone();
         let conversation = items.iter().any(|it| match it {
             RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. } => t.thread == r.thread,
             RouterItem::Question { thread, .. } => thread == &r.thread,
@@ -208,12 +215,17 @@ impl Core {
             .collect();
         // A worker reporting on its task's own thread answers the people
         // who asked; only a thread it took on later is "elsewhere".
+        // A worker no longer in memory (it ended before the Router acted)
+        // counts as speaking elsewhere unless its report says the thread
+        // was its own: fail closed.
         let speakers: Vec<String> = reporters
             .iter()
-            .filter(|w| {
-                self.records
-                    .worker(w)
-                    .is_some_and(|w| !w.own_threads.contains(&r.thread))
+            .filter(|w| match self.records.worker(w) {
+                Some(ws) => !ws.own_threads.contains(&r.thread),
+                None => !items.iter().any(|it| {
+                    matches!(it, RouterItem::Report { worker, own_threads, .. }
+                        if worker == *w && own_threads.contains(&r.thread))
+                }),
             })
             .cloned()
             .collect();
@@ -233,29 +245,38 @@ impl Core {
             return Ok(None);
         }
         for w in speakers {
-            let Some(ws) = self.records.worker(&w) else {
-                continue;
+            // A worker that ended (failed, cancelled) is gone from memory
+            // before the Router acts: its reported flags still speak.
+            let reported: Flags = items
+                .iter()
+                .filter_map(|it| match it {
+                    RouterItem::Report { worker, flags, .. } if *worker == w => Some(flags.clone()),
+                    _ => None,
+                })
+                .fold(Flags::default(), |mut acc, f| {
+                    acc.absorb(&f);
+                    acc
+                });
+            let (mut after, machine, wlabels) = match self.records.worker(&w) {
+                Some(ws) => (ws.flags.clone(), ws.machine.clone(), ws.labels.clone()),
+                // Ended: no machine known, so only approvers for every
+                // machine may let it post.
+                None => (Flags::default(), String::new(), BTreeMap::new()),
             };
-            let mut after = ws.flags.clone();
+            after.absorb(&reported);
             after.add_acts(&r.thread, "posts on a thread that is not its task's own");
             if after.all_three() {
-                let machine = ws.machine.clone();
-                let labels = Core::reach(world, &machine, &ws.labels)
+                let labels = Core::reach(world, &machine, &wlabels)
                     .first()
                     .map(|m| m.labels.clone());
-                let question = format!(
-                    "{w} wants to post on {} (not its task's thread): {}. The message: {}",
-                    r.thread,
-                    after.explain(),
-                    r.text.chars().take(300).collect::<String>()
-                );
                 let apr = self.ask(
                     world,
                     &w,
                     ApprovalKind::Message,
                     &machine,
                     labels.as_ref(),
-                    question,
+                    &format!("post on {} (not its task's own thread)", r.thread),
+                    &post_action(r),
                     after,
                     "",
                     Some(r.clone()),
@@ -269,7 +290,12 @@ impl Core {
         Ok(None)
     }
 
-    /// Opens an approval and carries its question to the worker's thread.
+    /// Opens an approval request, written here and never by the Router:
+    /// the exact `action`, where, why, who may answer and the code an
+    /// answer must name. The core posts it on the worker's thread itself
+    /// (the approver reads the action, not the Router's wording of it),
+    /// and the Router hears of it as a question it may relay, never
+    /// answer.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn ask(
         &mut self,
@@ -278,22 +304,43 @@ impl Core {
         kind: ApprovalKind,
         machine: &str,
         labels: Option<&BTreeMap<String, String>>,
-        question: String,
+        what: &str,
+        action: &str,
         flags: Flags,
         cmd: &str,
         reply: Option<Reply>,
     ) -> String {
         let apr = world.new_id(Kind::Approval);
+        // Unique among open requests: an answer names exactly one.
+        let mut code = approval::code_from(&apr);
+        for i in 0..8 {
+            let taken = self
+                .records
+                .approvals()
+                .values()
+                .any(|a| a.state == ApprovalState::Open && a.code == code);
+            if !taken {
+                break;
+            }
+            code = approval::code_from(&format!("{apr}/{i}"));
+        }
         let thread = self.root_thread(worker).unwrap_or_default();
         let approvers = world.trust().approvers_for(labels);
-        let (run, call) = (0, 0);
+        let why = if flags.all_three() {
+            flags.explain()
+        } else {
+            "a program asks a person".to_string()
+        };
+        let question =
+            approval::request_text(&apr, &code, worker, what, action, machine, &why, &approvers);
+        let digest = approval::digest(kind_name(kind), machine, action);
         self.records.insert_approval(Approval {
             id: apr.clone(),
             worker: worker.to_string(),
             thread: thread.clone(),
             question: question.clone(),
-            run,
-            call,
+            run: 0,
+            call: 0,
             state: ApprovalState::Open,
             answer: Value::Null,
             by: String::new(),
@@ -303,17 +350,31 @@ impl Core {
             machine: machine.to_string(),
             cmd: cmd.to_string(),
             reply,
-            flags,
+            flags: flags.clone(),
             approvers: approvers.clone(),
             refused: Vec::new(),
+            code,
+            action: action.to_string(),
+            digest,
+            expires_ms: self.now.saturating_add(approval::APPROVAL_TTL_MS),
         });
+        if let Some(info) = world.thread(&thread) {
+            self.out.push(Effect::Reply(Reply {
+                id: world.new_id(Kind::Trigger),
+                thread: thread.clone(),
+                source: info.source,
+                text: question.clone(),
+            }));
+        }
         push_bounded(
             self.records.router_mut(),
             RouterItem::Question {
                 approval: apr.clone(),
                 worker: worker.to_string(),
                 thread,
-                question: format!("{question} Who may approve: {}.", approvers.join(", ")),
+                question: format!(
+                    "{question}\n(byom posted this request on the thread itself. Only an approver's `approve CODE` answers it; you cannot.)"
+                ),
             },
         );
         self.settle_status(worker);
@@ -321,6 +382,7 @@ impl Core {
     }
 
     /// Whether `by` may answer approval `apr`; the error names who may.
+    /// An unreadable trust configuration refuses (fail closed).
     fn check_approver(&self, world: &dyn World, apr: &Approval, by: &str) -> Result<(), String> {
         let trust: Trust = world.trust();
         let labels = if apr.machine.is_empty() {
@@ -334,17 +396,23 @@ impl Core {
         if trust.may_approve(by, labels.as_ref()) {
             return Ok(());
         }
+        let how = if apr.code.is_empty() {
+            String::new()
+        } else {
+            format!(" with `approve {}`", apr.code)
+        };
         Err(format!(
-            "{by} may not approve {}: only {} may (or `byom approvals approve {}` by an admin who is an approver)",
+            "{by} may not approve {}: only {} may{how} (or an admin who is an approver: `byom approvals approve {}`)",
             apr.id,
             trust.approvers_for(labels.as_ref()).join(", "),
             apr.id
         ))
     }
 
-    /// A person's answer, from the CLI (`by` is their certificate's name)
-    /// or carried by the Router (`by` is the author of the trigger it came
-    /// in). Refused unless `by` is an approver.
+    /// A person's explicit answer: from the CLI or the console (`by` is
+    /// their certificate's name) or an `approve CODE` message (`by` is
+    /// its author's principal, judged when it arrived). Refused unless
+    /// `by` is an approver and the request is still open.
     pub(super) fn answer(
         &mut self,
         world: &mut dyn World,
@@ -353,7 +421,6 @@ impl Core {
         answer: Value,
         by: &str,
     ) -> Result<(), String> {
-        let now = self.now;
         let a = self.approval(apr)?;
         if a.state != ApprovalState::Open {
             return Err(format!("{apr} is already {}", a.state.name()));
@@ -366,42 +433,81 @@ impl Core {
             }
             return Err(e);
         }
-        let Some(x) = self.records.approval_mut(apr) else {
-            return Err(format!("no approval {apr}"));
-        };
-        x.state = if approved {
+        let state = if approved {
             ApprovalState::Approved
         } else {
             ApprovalState::Denied
         };
+        self.settle_approval(&a, state, answer, by);
+        Ok(())
+    }
+
+    /// Closes an open request with its outcome (single use: only an open
+    /// one is settled) and lets its worker go on accordingly.
+    fn settle_approval(&mut self, a: &Approval, state: ApprovalState, answer: Value, by: &str) {
+        let now = self.now;
+        let Some(x) = self
+            .records
+            .approval_mut(&a.id)
+            .filter(|x| x.state == ApprovalState::Open)
+        else {
+            return;
+        };
+        x.state = state;
         x.answer = answer.clone();
         x.by = by.to_string();
         x.answered_ms = now;
+        let approved = state == ApprovalState::Approved;
         match a.kind {
             ApprovalKind::Question => {
                 let v = json!({"approved": approved, "answer": answer, "by": by});
                 self.js_settle(&a.worker, a.run, a.call, Ok(v));
             }
-            ApprovalKind::Command => self.release_command(&a, approved, by),
+            ApprovalKind::Command => self.release_command(a, approved, by),
             ApprovalKind::Message => {
+                let same = a.reply.as_ref().is_some_and(|r| {
+                    a.digest.is_empty()
+                        || approval::digest(kind_name(a.kind), &a.machine, &post_action(r))
+                            == a.digest
+                });
                 if let Some(w) = self.records.worker_mut(&a.worker) {
                     w.flags.absorb(&a.flags);
                 }
-                match (approved, a.reply) {
-                    (true, Some(r)) => self.out.push(Effect::Reply(r)),
+                match (approved && same, &a.reply) {
+                    (true, Some(r)) => self.out.push(Effect::Reply(r.clone())),
                     _ => self.worker_input(
                         &a.worker,
-                        format!("(your message for another thread was not approved by {by}; it was not posted)"),
+                        format!("(your message for another thread was not approved ({}, {by}); it was not posted)", a.id),
                     ),
                 }
             }
         }
         self.settle_status(&a.worker);
-        Ok(())
+    }
+
+    /// Requests nobody answered in time end as "no".
+    pub(super) fn expire_approvals(&mut self) {
+        let now = self.now;
+        let due: Vec<Approval> = self
+            .records
+            .approvals()
+            .values()
+            .filter(|a| a.state == ApprovalState::Open && a.expires_ms != 0 && a.expires_ms <= now)
+            .cloned()
+            .collect();
+        for a in due {
+            self.settle_approval(
+                &a,
+                ApprovalState::Expired,
+                Value::Null,
+                "nobody (it expired unanswered)",
+            );
+        }
     }
 
     /// A held command's answer: start it under the approval, or end it as
-    /// denied (it never reached a machine).
+    /// denied (it never reached a machine). Only the very command that was
+    /// approved starts: its digest must match the request's.
     fn release_command(&mut self, a: &Approval, approved: bool, by: &str) {
         let Some(w) = self.records.live_worker_mut(&a.worker) else {
             return;
@@ -410,14 +516,21 @@ impl Core {
             return;
         };
         c.held = None;
-        if !approved {
+        let same = a.digest.is_empty()
+            || approval::digest(kind_name(a.kind), &a.machine, &c.command) == a.digest;
+        if !approved || !same {
+            let reason = if !same {
+                format!("not run: it is not the command {} approved", a.id)
+            } else {
+                format!("not approved: {by} said no ({})", a.id)
+            };
             let result = CommandResult {
                 state: "denied".into(),
                 exit_code: None,
                 stdout: String::new(),
                 stderr: String::new(),
                 duration_ms: 0,
-                reason: format!("not approved: {by} said no ({})", a.id),
+                reason,
             };
             let cmd = a.cmd.clone();
             let worker = a.worker.clone();
@@ -442,8 +555,6 @@ impl Core {
         });
     }
 
-    /// The Router's `answer` tool: it names the trigger the answer came in,
-    /// and the core takes the author and the words from that trigger.
     fn approval(&self, apr: &str) -> Result<Approval, String> {
         self.records
             .approvals()
@@ -452,84 +563,123 @@ impl Core {
             .ok_or_else(|| format!("no approval {apr}"))
     }
 
-    pub(super) fn carried_answer(
+    /// A message that is an answer (`approve CODE`): applied when the
+    /// request with that code is open, was asked on this message's thread
+    /// before the message arrived, and its author (judged at ingest) is an
+    /// approver for it. The outcome, either way, is said on the thread.
+    pub(super) fn answer_by_code(
         &mut self,
         world: &mut dyn World,
-        apr: &str,
-        approved: bool,
-        trigger: Option<&str>,
-    ) -> Result<String, String> {
-        let Some(trg) = trigger else {
-            return Err(format!(
-                "only people approve: name the trigger whose author answered {apr} (trigger: \"trg_…\")"
-            ));
-        };
-        let t = self
-            .records
-            .router()
-            .turn_items
-            .iter()
-            .find_map(|it| match it {
-                RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. } if t.id == trg => {
-                    Some(t.clone())
-                }
-                _ => None,
-            })
-            .ok_or_else(|| format!("{trg} is not a message of this turn"))?;
-        let a = self.approval(apr)?;
-        if !a.thread.is_empty() && a.thread != t.thread {
-            return Err(format!(
-                "{trg} is on {}, but {apr} was asked on {}",
-                t.thread, a.thread
-            ));
-        }
-        match answer_in(&t.text) {
-            Some(said) if said == approved => {}
-            _ => {
-                return Err(format!(
-                    "{trg} does not clearly say {}; an approval needs a plain yes or no",
-                    if approved { "yes" } else { "no" }
-                ))
-            }
-        }
+        t: &TriggerInfo,
+        ans: approval::Answer,
+    ) {
+        let all = self.records.approvals();
+        let a = all
+            .values()
+            .find(|a| a.code == ans.code && a.state == ApprovalState::Open)
+            .or_else(|| all.values().find(|a| a.code == ans.code))
+            .cloned();
         let who = if t.user_name.is_empty() {
             t.user.clone()
         } else {
             t.user_name.clone()
         };
-        match self.answer(world, apr, approved, Value::String(t.text.clone()), &t.user) {
-            Ok(()) => {
-                self.fate(
-                    trg,
-                    format!(
-                        "{} {apr} (by {who})",
-                        if approved { "approved" } else { "denied" }
-                    ),
-                );
-                let text = if approved {
-                    format!("Approved by {who} ({apr}); continuing.")
+        let verb = if ans.approve { "approved" } else { "denied" };
+        let outcome = match a {
+            None => Err(format!(
+                "there is no request with code {}; nothing was approved or denied",
+                ans.code
+            )),
+            Some(a) if a.state != ApprovalState::Open => Err(format!(
+                "{} (code {}) is already {}; an answer counts once",
+                a.id,
+                a.code,
+                a.state.name()
+            )),
+            Some(a) if a.thread.is_empty() || a.thread != t.thread => Err(format!(
+                "{} was not asked on this thread; answer it where it was asked, or with `byom approvals approve {}`",
+                a.id, a.id
+            )),
+            Some(a) if t.at_ms == 0 || t.at_ms < a.created_ms => Err(format!(
+                "this message is older than {}; only an answer written after the request counts",
+                a.id
+            )),
+            Some(a) => self
+                .answer(
+                    world,
+                    &a.id,
+                    ans.approve,
+                    Value::String(t.text.clone()),
+                    &t.user,
+                )
+                .map(|()| a.id.clone()),
+        };
+        let (fate, text) = match outcome {
+            Ok(apr) => (
+                format!("{verb} {apr} (by {})", t.user),
+                if ans.approve {
+                    format!("Approved by {who} ({apr}); running exactly what was asked.")
                 } else {
                     format!("Denied by {who} ({apr}); that step will not run.")
-                };
-                if let Ok(r) = self.reply(world, &t.thread, &text, "approval") {
-                    self.out.push(Effect::Reply(r));
-                }
-                Ok(format!(
-                    "{apr} {}",
-                    if approved { "approved" } else { "denied" }
-                ))
-            }
-            Err(e) if e.contains("may not approve") => {
-                self.fate(trg, format!("refused as an answer to {apr}: {e}"));
-                let text = format!("{who}: {e}");
-                if let Ok(r) = self.reply(world, &t.thread, &text, "approval refused") {
-                    self.out.push(Effect::Reply(r));
-                }
-                Err(e)
-            }
-            Err(e) => Err(e),
+                },
+            ),
+            Err(e) => (
+                format!("not an answer that counts: {e}"),
+                format!("{who}: {e}."),
+            ),
+        };
+        self.fate(&t.id, fate);
+        if let Ok(r) = self.reply(world, &t.thread, &text, "approval") {
+            self.out.push(Effect::Reply(r));
         }
     }
+
+    /// A message on a thread with an open request that reads like an
+    /// answer but is not one: it is told what an answer looks like. (The
+    /// words decide nothing: the message goes on as any other.)
+    pub(super) fn hint_answer(&mut self, world: &mut dyn World, t: &TriggerInfo) {
+        let open: Vec<(String, String)> = self
+            .records
+            .approvals()
+            .values()
+            .filter(|a| {
+                a.thread == t.thread && a.state == ApprovalState::Open && !a.code.is_empty()
+            })
+            .map(|a| (a.id.clone(), a.code.clone()))
+            .collect();
+        if open.is_empty() {
+            return;
+        }
+        let lower = t.text.to_lowercase();
+        if answer_in(&t.text).is_none() && !lower.contains("approv") && !lower.contains("deny") {
+            return;
+        }
+        let each: Vec<String> = open
+            .iter()
+            .map(|(apr, code)| format!("{apr}: `approve {code}` or `deny {code}`"))
+            .collect();
+        let text = format!(
+            "That is not an answer. Only an approver's reply of exactly `approve CODE` or `deny CODE` (alone in the message) answers a request; open here: {}.",
+            each.join("; ")
+        );
+        if let Ok(r) = self.reply(world, &t.thread, &text, "approval") {
+            self.out.push(Effect::Reply(r));
+        }
+    }
+}
+
+/// The name of an approval's kind in its digest.
+fn kind_name(k: ApprovalKind) -> &'static str {
+    match k {
+        ApprovalKind::Question => "question",
+        ApprovalKind::Command => "command",
+        ApprovalKind::Message => "message",
+    }
+}
+
+/// What a held post's approval covers: where and what.
+pub(super) fn post_action(r: &Reply) -> String {
+    format!("post on {}:\n{}", r.thread, r.text)
 }
 
 /// `f`'s A and B, each under one cause naming where they came from.

@@ -58,6 +58,7 @@ pub(super) fn router_item(it: &RouterItem, b: &Budgets) -> String {
             threads,
             status,
             text,
+            ..
         } => format!(
             "<event report worker={worker} thread={} threads={} status={status}>{}</event>",
             threads.first().map(String::as_str).unwrap_or("-"),

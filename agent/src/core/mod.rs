@@ -205,6 +205,7 @@ impl Core {
 
     /// Time passes: model retries that are due, and idle workers retiring.
     fn tick(&mut self, world: &mut dyn World) {
+        self.expire_approvals();
         let now = self.now;
         let due: Vec<String> = self
             .records

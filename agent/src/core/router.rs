@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::ROUTER_FAILURES_BEFORE_NOTICE;
 use super::{backoff, markup, push_bounded, Core, MAX_ACTIVE_WORKERS};
 use super::{MAX_OBSERVED, MAX_REPLY_CHARS, MAX_TOOL_CALLS_PER_REPLY};
+use crate::approval;
 use crate::budgets::ROUTER_TURN_STRIDE;
 use crate::event::{Effect, Reply, RouterItem, SessionKind, TriggerInfo};
 use crate::llm::{Message, Request, Response, Role, ToolCall};
@@ -20,11 +21,14 @@ use byom_protocol::id::Kind;
 
 impl Core {
     pub(super) fn on_trigger(&mut self, world: &mut dyn World, t: TriggerInfo) {
-        let open_approval = self
-            .records
-            .approvals()
-            .values()
-            .any(|a| a.thread == t.thread && a.state == ApprovalState::Open);
+        // An answer to a request (`approve CODE`) is the core's to take,
+        // never the Router's or a worker's: it goes no further.
+        if let Some(ans) = approval::parse_answer(&t.text) {
+            self.records.router_mut().stats.events += 1;
+            self.answer_by_code(world, &t, ans);
+            return;
+        }
+        self.hint_answer(world, &t);
         let subs: Vec<String> = self
             .records
             .router()
@@ -35,13 +39,17 @@ impl Core {
         let pass_through = self.pass_through;
         let r = self.records.router_mut();
         r.stats.events += 1;
-        // An open approval's answer is the Router's to take; otherwise a
-        // subscribed thread goes straight to its workers.
-        if subs.is_empty() || open_approval || !pass_through {
+        // A subscribed thread goes straight to its workers.
+        if subs.is_empty() || !pass_through {
             push_bounded(r, RouterItem::Trigger(t));
             return;
         }
         r.stats.passed_through += 1;
+        // The Router reads this line next turn: its taint goes with it.
+        if !t.trusted {
+            r.observed_flags
+                .add_untrusted(&t.id, &format!("seen on a subscribed thread: {}", t.trust));
+        }
         r.observed.push_back(markup::observed(&t, &subs));
         while r.observed.len() > MAX_OBSERVED {
             r.observed.pop_front();
@@ -87,7 +95,7 @@ impl Core {
         let budgets = &self.budgets;
         let r = self.records.router_mut();
         let items: Vec<RouterItem> = r.queue.take_front(n);
-        let mut text = String::new();
+        let mut text = std::mem::take(&mut r.carry_note);
         if policies != r.policies_shown {
             text.push_str(&markup::policies(&policies));
             text.push('\n');
@@ -128,13 +136,14 @@ impl Core {
         }
         r.conversation.push(Message::user(text));
         r.turn_items = items;
-        r.turn_read = Default::default();
+        r.turn_read = std::mem::take(&mut r.observed_flags);
         r.turn += 1;
         r.steps = 0;
         r.stats.turns += 1;
         if let Some(n) = compact(&mut r.conversation, budgets.router_context_tokens) {
             r.dropped_turns += n;
         }
+        r.turn_start = r.conversation.len().saturating_sub(1);
         self.issue_router_call();
     }
 
@@ -202,7 +211,7 @@ impl Core {
             resp.tool_calls.clone(),
         ));
         if resp.tool_calls.is_empty() {
-            r.turn_items.clear();
+            self.end_router_turn();
             return;
         }
         for (i, call) in resp.tool_calls.iter().enumerate() {
@@ -223,8 +232,41 @@ impl Core {
         if self.records.router().steps < self.budgets.max_router_steps {
             self.issue_router_call();
         } else {
-            self.records.router_mut().turn_items.clear();
+            self.end_router_turn();
         }
+    }
+
+    /// What the Router carries across turns: nothing untrusted. A turn
+    /// that read untrusted input (a stranger's message, a line seen on a
+    /// subscribed thread, a tainted worker's report, a request, a recalled
+    /// object) is taken out of the conversation when it ends, with its
+    /// own words about it, and the next turn is told so. Untrusted text
+    /// therefore steers only the turn that read it, and every worker that
+    /// turn made starts with its taint ([`Core::turn_flags`]); a later
+    /// trusted turn sees it only by recalling it, which taints that turn.
+    fn end_router_turn(&mut self) {
+        let f = self.turn_flags();
+        let r = self.records.router_mut();
+        r.turn_items.clear();
+        if !f.a() {
+            return;
+        }
+        let (start, len) = (r.turn_start, r.conversation.len());
+        if start < len && r.conversation.messages().len() == len {
+            r.conversation.drain(start..len);
+        }
+        let causes: Vec<String> = f
+            .untrusted
+            .iter()
+            .take(5)
+            .map(|c| c.object.clone())
+            .collect();
+        r.carry_note = format!(
+            "(Your previous turn, {}, read untrusted input ({}); it was taken out of your context so it cannot steer later turns. What you did in it stands. Recall an ID to read it again: that carries its taint.)\n",
+            r.turn,
+            causes.join(", ")
+        );
+        r.turn_read = Default::default();
     }
 
     /// The watchdog's voice when the Router's model is down: everyone who
@@ -346,15 +388,11 @@ impl Core {
                 self.finish_worker(world, &w, WorkerStatus::Cancelled, &reason, false);
                 Ok(format!("cancelled {w}"))
             }
-            "answer" => {
-                let apr = str_arg(a, "approval")?;
-                let approved = a
-                    .get("approved")
-                    .and_then(Value::as_bool)
-                    .ok_or("approved must be true or false")?;
-                let trigger = opt_str(a, "trigger");
-                self.carried_answer(world, &apr, approved, trigger.as_deref())
-            }
+            // Only people approve: a request is answered by an approver's
+            // own `approve CODE`, never by anything the model says.
+            "answer" => Err(
+                "only people approve: an approver replies `approve CODE` (the code is in the request byom posted); you cannot answer for them".into(),
+            ),
             "ignore" => {
                 if let Some(trg) = opt_str(a, "trigger") {
                     let why = opt_str(a, "reason").unwrap_or_else(|| "no reason given".into());

@@ -154,7 +154,12 @@ fn parse_trigger_lookup(id: &str, text: &str) -> Option<TriggerInfo> {
         id: id.to_string(),
         thread: v.get("thread_id")?.as_str()?.to_string(),
         source: v.get("source")?.as_str()?.to_string(),
-        user: v.get("user")?.as_str()?.to_string(),
+        // The author as judged when it arrived, never the name the
+        // message claimed: a trigger without one speaks for nobody.
+        user: match v.get("principal").and_then(Value::as_str) {
+            Some(p) if !p.is_empty() => p.to_string(),
+            _ => format!("unjudged:{}", v.get("user")?.as_str()?),
+        },
         text: v.get("text")?.as_str()?.to_string(),
         mention: v.get("mention").and_then(Value::as_bool).unwrap_or(false),
         user_name: String::new(),
@@ -165,5 +170,6 @@ fn parse_trigger_lookup(id: &str, text: &str) -> Option<TriggerInfo> {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string(),
+        at_ms: v.get("created_at_ms").and_then(Value::as_u64).unwrap_or(0),
     })
 }

@@ -373,6 +373,8 @@ impl Core {
         };
         w.last_report = text.to_string();
         let threads = w.threads.clone();
+        let flags = w.flags.clone();
+        let own_threads = w.own_threads.clone();
         match w.parent.is_some() {
             // A subagent's report is its answer to the program that spawned it.
             true if status != "progress" => {
@@ -395,6 +397,8 @@ impl Core {
                     threads,
                     status: status.to_string(),
                     text: text.to_string(),
+                    flags: flags.clone(),
+                    own_threads: own_threads.clone(),
                 },
             ),
         }
@@ -476,6 +480,11 @@ impl Core {
                 self.spawn_queued(world, &p);
             }
         } else if status != WorkerStatus::Done && tell_router {
+            let (flags, own_threads) = self
+                .records
+                .worker(id)
+                .map(|w| (w.flags.clone(), w.own_threads.clone()))
+                .unwrap_or_default();
             push_bounded(
                 self.records.router_mut(),
                 RouterItem::Report {
@@ -483,6 +492,8 @@ impl Core {
                     threads,
                     status: status.name().to_string(),
                     text: text.to_string(),
+                    flags: flags.clone(),
+                    own_threads: own_threads.clone(),
                 },
             );
         }

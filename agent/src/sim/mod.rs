@@ -466,33 +466,54 @@ pub async fn run_with_core<P: Programs>(
                             result_lat.push(world.now - t0);
                         }
                     }
-                    // A question is answered on its thread a minute later;
-                    // an answer refused is followed by an approver's.
+                    // A request is answered on its thread a minute later,
+                    // by the code it carries: now and then with words that
+                    // are not an answer (which must decide nothing); an
+                    // answer refused, or words the core says are not one,
+                    // are followed by an approver's.
                     let refused = r.text.contains("may not approve");
+                    let hinted = r.text.starts_with("That is not an answer");
                     if refused {
                         report.refused_answers += 1;
                     }
-                    if (r.text.starts_with("Approval needed") || refused)
-                        && !cfg.answerers.is_empty()
+                    // Every code the reply names (a hint names each open one).
+                    let codes: Vec<String> = r
+                        .text
+                        .split("`approve ")
+                        .skip(1)
+                        .map(|c| c.chars().take(crate::approval::CODE_LEN).collect())
+                        .collect();
+                    let asks = r.text.starts_with("Approval needed") || refused || hinted;
+                    if asks && !cfg.answerers.is_empty() && r.text.contains(" wants to ") {
+                        report.held += 1;
+                    }
+                    for code in codes
+                        .into_iter()
+                        .filter(|_| asks && !cfg.answerers.is_empty())
                     {
-                        if r.text.contains(" wants to ") {
-                            report.held += 1;
-                        }
-                        let who = if refused {
+                        let who = if refused || hinted {
                             cfg.answerers[0].clone()
                         } else {
                             let n = cfg.answerers.len() as u64;
                             cfg.answerers[answers.below(n) as usize].clone()
                         };
-                        let yes = answers.below(10) < 8;
+                        let roll = answers.below(10);
+                        let text = match roll {
+                            _ if hinted || refused => format!("approve {code}"),
+                            0 => "yes, go ahead".to_string(),
+                            1 => format!("do not approve {code}"),
+                            2 => format!("deny {code}"),
+                            _ => format!("approve {code}"),
+                        };
                         let answer = TriggerInfo {
-                            id: format!("trg_ans{}", report.replies),
+                            id: format!("trg_ans{}_{code}", report.replies),
                             thread: r.thread.clone(),
                             source: r.source.clone(),
                             trusted: world.trust.judge(&who, "").trusted,
                             user: who,
-                            text: if yes { "yes, go ahead" } else { "no, don't" }.into(),
+                            text,
                             mention: false,
+                            at_ms: world.now + 60_000,
                             ..Default::default()
                         };
                         agenda.at(world.now + 60_000, Event::Trigger(answer));
@@ -571,8 +592,8 @@ pub fn block_on<F: Future>(f: F) -> F::Output {
 #[derive(Default)]
 struct Oracle {
     exposed: BTreeSet<String>,
-    /// Every approval as last seen: (state, by).
-    approvals: HashMap<String, (crate::state::ApprovalState, String)>,
+    /// Every approval as last seen.
+    approvals: HashMap<String, crate::state::Approval>,
 }
 
 impl Oracle {
@@ -584,7 +605,7 @@ impl Oracle {
 
     fn saw_approvals(&mut self, core: &Core) {
         for (id, a) in core.approvals() {
-            self.approvals.insert(id.clone(), (a.state, a.by.clone()));
+            self.approvals.insert(id.clone(), a.clone());
         }
     }
 
@@ -639,12 +660,34 @@ impl Oracle {
             .and_then(|w| w.commands.get(cmd))
             .and_then(|c| c.approval.clone())
             .unwrap_or_default();
-        match self.approvals.get(&apr) {
-            Some((crate::state::ApprovalState::Approved, by)) if by == approved_by => Ok(()),
-            other => Err(format!(
-                "{worker} started {cmd} citing {approved_by} and approval {apr:?}, recorded as {other:?}"
-            )),
+        let Some(a) = self.approvals.get(&apr) else {
+            return Err(format!(
+                "{worker} started {cmd} citing {approved_by} and approval {apr:?}, which does not exist"
+            ));
+        };
+        if a.state != crate::state::ApprovalState::Approved || a.by != approved_by {
+            return Err(format!(
+                "{worker} started {cmd} citing {approved_by}, but {apr} is {} by {:?}",
+                a.state.name(),
+                a.by
+            ));
         }
+        // Consent is an explicit act naming this request's code, for
+        // exactly this command.
+        let said = a.answer.as_str().and_then(crate::approval::parse_answer);
+        if !said.is_some_and(|x| x.approve && x.code == a.code) {
+            return Err(format!(
+                "{worker} started {cmd} under {apr}, answered with {:?}: not `approve {}`",
+                a.answer, a.code
+            ));
+        }
+        if a.action != command {
+            return Err(format!(
+                "{worker} started `{command}` under {apr}, which approved `{}`",
+                a.action
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -58,8 +58,8 @@ pub async fn run(c: &mut Client, cmd: ApprovalsCmd) -> anyhow::Result<i32> {
                 return Ok(0);
             }
             println!(
-                "{:<31} {:<9} {:<31} {:<12} {:<20} QUESTION",
-                "ID", "STATE", "WORKER", "ASKED", "WHO MAY ANSWER"
+                "{:<31} {:<7} {:<9} {:<31} {:<12} {:<20} ACTION",
+                "ID", "CODE", "STATE", "WORKER", "ASKED", "WHO MAY ANSWER"
             );
             for a in rows {
                 // Open: who may answer; answered: who did.
@@ -76,14 +76,22 @@ pub async fn run(c: &mut Client, cmd: ApprovalsCmd) -> anyhow::Result<i32> {
                 } else {
                     format!("by {}", s(&a, "by"))
                 };
+                // The exact action approved (the request's text for old
+                // records).
+                let action = if s(&a, "action").is_empty() {
+                    s(&a, "question")
+                } else {
+                    s(&a, "action")
+                };
                 println!(
-                    "{:<31} {:<9} {:<31} {:<12} {:<20} {}",
+                    "{:<31} {:<7} {:<9} {:<31} {:<12} {:<20} {}",
                     s(&a, "id"),
+                    s(&a, "code"),
                     s(&a, "state"),
                     s(&a, "worker"),
                     ago_at(&a["created_at"]),
                     who,
-                    one_line(s(&a, "question"), 80)
+                    one_line(action, 80)
                 );
                 for r in a["refused"].as_array().cloned().unwrap_or_default() {
                     if let Some(r) = r.as_str() {

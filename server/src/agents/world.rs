@@ -244,6 +244,8 @@ pub fn lookup(store: &Store, id: &str) -> Option<String> {
             let t = store.get_trigger(id).ok()??;
             serde_json::to_string_pretty(&json!({
                 "id": t.id, "thread_id": t.thread_id, "source": t.source, "user": t.user,
+                "principal": t.principal, "trusted": t.trusted, "trust": t.trust,
+                "created_at_ms": t.created_at_ms,
                 "text": t.text, "mention": t.mention, "from_bot": t.from_bot,
                 "user_name": t.user_name, "link": t.link, "kind": t.kind,
                 "created_at": byom_protocol::time::rfc3339(t.created_at_ms),
