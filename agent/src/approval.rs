@@ -158,6 +158,20 @@ pub fn request_text(
     )
 }
 
+/// The name of an approval's kind in its digest.
+pub fn kind_name(k: crate::state::ApprovalKind) -> &'static str {
+    match k {
+        crate::state::ApprovalKind::Question => "question",
+        crate::state::ApprovalKind::Command => "command",
+        crate::state::ApprovalKind::Message => "message",
+    }
+}
+
+/// What a held post's approval covers: where and what.
+pub fn post_action(r: &crate::event::Reply) -> String {
+    format!("post on {}:\n{}", r.thread, r.text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

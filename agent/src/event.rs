@@ -250,7 +250,7 @@ pub enum RouterItem {
         /// taints what reads them and still needs approval to post
         /// elsewhere.
         #[serde(default)]
-        flags: crate::state::Flags,
+        flags: crate::flags::Flags,
         /// The threads of its task as given (a report there answers the
         /// people who asked; anywhere else is "elsewhere").
         #[serde(default)]

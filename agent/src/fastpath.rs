@@ -176,7 +176,9 @@ impl CodeRule {
     /// What it does, for `byom policy ls`.
     pub fn describe(&self) -> String {
         match self {
-            CodeRule::IgnoreUser(u) => format!("in code: every message from user {u} is ignored"),
+            CodeRule::IgnoreUser(u) => format!(
+                "in code: every message whose author is named {u} (on any connector: github:{u}, matrix:@{u}:…, slack:…/{u}, webhook:…/{u}, or shown as {u}) is ignored"
+            ),
             CodeRule::IgnoreSource(s) => {
                 format!("in code: every message from source {s} is ignored")
             }
@@ -191,7 +193,7 @@ impl CodeRule {
     /// channel).
     pub fn ignores(&self, t: &pb::Trigger, external: &str) -> bool {
         match self {
-            CodeRule::IgnoreUser(u) => t.user.trim_start_matches('@').eq_ignore_ascii_case(u),
+            CodeRule::IgnoreUser(u) => user_match(t, u).is_some(),
             CodeRule::IgnoreSource(s) => t.source.eq_ignore_ascii_case(s),
             CodeRule::IgnoreThread(th) => {
                 t.thread_id == *th || external.trim_start_matches('#').eq_ignore_ascii_case(th)
@@ -199,6 +201,42 @@ impl CodeRule {
             CodeRule::IgnoreText(x) => t.text.to_lowercase().contains(x.as_str()),
         }
     }
+}
+
+/// The name of `t`'s author that `name` matches, if any: its principal
+/// (`github:mallory`), the name in it (`mallory`; a Matrix localpart, a
+/// Slack user ID, a webhook's user), the name the channel gave, or the
+/// user field. So "ignore messages from mallory" holds on every connector.
+pub fn user_match(t: &pb::Trigger, name: &str) -> Option<String> {
+    let want = name.trim_start_matches('@');
+    let mut names: Vec<String> = Vec::new();
+    for full in [&t.principal, &t.user] {
+        if full.is_empty() {
+            continue;
+        }
+        names.push(full.clone());
+        let bare = full.split_once(':').map_or(full.as_str(), |(_, b)| b);
+        let bare = bare.rsplit('/').next().unwrap_or(bare);
+        let bare = bare.trim_start_matches('@');
+        names.push(bare.to_string());
+        // Matrix: @local:homeserver.
+        if let Some((local, _)) = bare.split_once(':') {
+            names.push(local.to_string());
+        }
+    }
+    if !t.user_name.is_empty() {
+        names.push(t.user_name.clone());
+    }
+    names
+        .iter()
+        .find(|n| n.trim_start_matches('@').eq_ignore_ascii_case(want))
+        .map(|_| {
+            if t.principal.is_empty() {
+                t.user.clone()
+            } else {
+                t.principal.clone()
+            }
+        })
 }
 
 /// A trigger's reason says an owner's policy ignored it.
@@ -215,8 +253,14 @@ pub fn ignored_by_policy(
 ) -> Option<String> {
     policies.iter().find_map(|(id, text)| {
         let rule = CodeRule::compile(text)?;
+        let which = match &rule {
+            CodeRule::IgnoreUser(u) => user_match(t, u)
+                .map(|p| format!(": it matched {p}"))
+                .unwrap_or_default(),
+            _ => String::new(),
+        };
         rule.ignores(t, external)
-            .then(|| format!("policy {id} ({text})"))
+            .then(|| format!("policy {id} ({text}){which}"))
     })
 }
 
@@ -348,6 +392,38 @@ mod tests {
             decide(&rules, &ev("chat", "ci-bot", false, true)).0,
             TriggerDecision::Ignored
         );
+    }
+
+    /// "ignore messages from mallory" holds for every principal named
+    /// mallory, whichever connector it came from, and says which.
+    #[test]
+    fn an_owners_block_reaches_every_connector() {
+        let policies = vec![(
+            "pol_1".to_string(),
+            "ignore messages from mallory".to_string(),
+        )];
+        for principal in [
+            "github:mallory",
+            "matrix:@mallory:evil.org",
+            "webhook:ci/mallory",
+            "slack:T1/mallory",
+            "mallory",
+        ] {
+            let mut t = ev("x", "someone", true, false);
+            t.principal = principal.into();
+            let why = ignored_by_policy(&policies, &t, "").unwrap_or_default();
+            assert!(
+                why.contains(&format!("matched {principal}")),
+                "{principal}: {why:?}"
+            );
+        }
+        let mut t = ev("x", "U1", true, false);
+        t.principal = "slack:T1/U1".into();
+        t.user_name = "Mallory".into();
+        assert!(ignored_by_policy(&policies, &t, "").is_some());
+        let mut t = ev("x", "ada", true, false);
+        t.principal = "github:mallory-fan".into();
+        assert!(ignored_by_policy(&policies, &t, "").is_none());
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod budgets;
 pub mod core;
 pub mod event;
 pub mod fastpath;
+pub mod flags;
 pub mod llm;
 pub mod programs;
 pub mod prompt;

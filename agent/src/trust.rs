@@ -81,7 +81,14 @@ impl Trust {
     /// `guest` for Slack; `""` when nothing was.
     pub fn judge(&self, principal: &str, association: &str) -> Verdict {
         let yes = |why: String| Verdict { trusted: true, why };
-        if let Some(p) = self.trusted.iter().find(|p| matches(p, principal)) {
+        // Someone from outside the organisation (Slack Connect) is trusted
+        // only when named exactly, never by a pattern.
+        let external = association == "external";
+        if let Some(p) = self
+            .trusted
+            .iter()
+            .find(|p| matches(p, principal) && !(external && p.ends_with('*')))
+        {
             return yes(format!("{principal} is trusted (byom trust: {p})"));
         }
         if principal.starts_with("github:")
@@ -224,6 +231,12 @@ mod tests {
         assert!(!t.judge("matrix:@ada:example.org", "").trusted);
         // An association means nothing outside GitHub.
         assert!(!t.judge("webhook:ci/x", "OWNER").trusted);
+        let mut t2 = Trust::default();
+        t2.trusted.push("slack:T1/*".into());
+        assert!(t2.judge("slack:T1/U1", "").trusted);
+        assert!(!t2.judge("slack:T1/U1", "external").trusted);
+        t2.trusted.push("slack:T2/UX".into());
+        assert!(t2.judge("slack:T2/UX", "external").trusted);
         assert!(t.may_approve("admin:bob", None));
         assert!(!t.may_approve("github:octocat", None));
     }

@@ -85,6 +85,7 @@ impl Gh {
         ex["comment"]["id"] = json!(9000 + n);
         ex["comment"]["body"] = json!(format!("@{BOT} {body}"));
         ex["comment"]["user"]["login"] = json!(login);
+        ex["sender"]["login"] = json!(login);
         ex["comment"]["author_association"] = json!(association);
         let body = ex.to_string();
         let sig = webhook_sign(SECRET.as_bytes(), &body);

@@ -12,6 +12,7 @@
 //! ([`markup`]), persistence ([`persist`]) and the invariants the simulator
 //! checks after every step ([`invariants`]).
 
+mod approvals;
 mod containment;
 pub use containment::read_only;
 mod invariants;

@@ -236,39 +236,6 @@ impl Core {
         }
     }
 
-    /// What the Router carries across turns: nothing untrusted. A turn
-    /// that read untrusted input (a stranger's message, a line seen on a
-    /// subscribed thread, a tainted worker's report, a request, a recalled
-    /// object) is taken out of the conversation when it ends, with its
-    /// own words about it, and the next turn is told so. Untrusted text
-    /// therefore steers only the turn that read it, and every worker that
-    /// turn made starts with its taint ([`Core::turn_flags`]); a later
-    /// trusted turn sees it only by recalling it, which taints that turn.
-    fn end_router_turn(&mut self) {
-        let f = self.turn_flags();
-        let r = self.records.router_mut();
-        r.turn_items.clear();
-        if !f.a() {
-            return;
-        }
-        let (start, len) = (r.turn_start, r.conversation.len());
-        if start < len && r.conversation.messages().len() == len {
-            r.conversation.drain(start..len);
-        }
-        let causes: Vec<String> = f
-            .untrusted
-            .iter()
-            .take(5)
-            .map(|c| c.object.clone())
-            .collect();
-        r.carry_note = format!(
-            "(Your previous turn, {}, read untrusted input ({}); it was taken out of your context so it cannot steer later turns. What you did in it stands. Recall an ID to read it again: that carries its taint.)\n",
-            r.turn,
-            causes.join(", ")
-        );
-        r.turn_read = Default::default();
-    }
-
     /// The watchdog's voice when the Router's model is down: everyone who
     /// addressed the agent hears that their message is queued, once per
     /// outage.
@@ -551,6 +518,42 @@ impl Core {
             source,
             text,
         })
+    }
+}
+
+/// The end of a Router turn: what it carries into the next.
+impl Core {
+    /// What the Router carries across turns: nothing untrusted. A turn
+    /// that read untrusted input (a stranger's message, a line seen on a
+    /// subscribed thread, a tainted worker's report, a request, a recalled
+    /// object) is taken out of the conversation when it ends, with its
+    /// own words about it, and the next turn is told so. Untrusted text
+    /// therefore steers only the turn that read it, and every worker that
+    /// turn made starts with its taint ([`Core::turn_flags`]); a later
+    /// trusted turn sees it only by recalling it, which taints that turn.
+    fn end_router_turn(&mut self) {
+        let f = self.turn_flags();
+        let r = self.records.router_mut();
+        r.turn_items.clear();
+        if !f.a() {
+            return;
+        }
+        let (start, len) = (r.turn_start, r.conversation.len());
+        if start < len && r.conversation.messages().len() == len {
+            r.conversation.drain(start..len);
+        }
+        let causes: Vec<String> = f
+            .untrusted
+            .iter()
+            .take(5)
+            .map(|c| c.object.clone())
+            .collect();
+        r.carry_note = format!(
+            "(Your previous turn, {}, read untrusted input ({}); it was taken out of your context so it cannot steer later turns. What you did in it stands. Recall an ID to read it again: that carries its taint.)\n",
+            r.turn,
+            causes.join(", ")
+        );
+        r.turn_read = Default::default();
     }
 }
 

@@ -223,6 +223,14 @@ pub fn event_to_trigger(
     if login_is(&author, bot_login) {
         return None;
     }
+    // The author is the comment's (issue's, review's) user. GitHub's
+    // `sender` is who caused the event: for a new comment the same
+    // person. One that differs is not taken on the author's word.
+    if ignore.is_none() && !sender.is_empty() && !author.eq_ignore_ascii_case(sender) {
+        ignore = Some(format!(
+            "refused: the event's sender {sender} is not its author {author}"
+        ));
+    }
     // A new comment is findable by its ID (a review reply points at it);
     // the delivery is what makes a trigger new.
     let comment = match (event, action) {
@@ -517,6 +525,19 @@ mod tests {
         assert!(event_to_trigger("gh", "issue_comment", "d1", &p, "byom-bot").is_none());
         let m = event_to_trigger("gh", "issue_comment", "d1", &p, "other").unwrap();
         assert_eq!((m.ev.thread.as_str(), m.ev.from_bot), ("a/b#3", true));
+    }
+
+    /// The author is `comment.user`; a `sender` that differs is refused,
+    /// never believed in its place.
+    #[test]
+    fn a_mismatched_sender_is_refused() {
+        let p = json!({"action": "created", "repository": {"full_name": "a/b"},
+            "issue": {"number": 3}, "sender": {"login": "maint", "type": "User"},
+            "comment": {"id": 9, "body": "approve K7QX9P", "author_association": "NONE",
+                        "user": {"login": "mallory", "type": "User"}}});
+        let m = event_to_trigger("gh", "issue_comment", "d1", &p, "bot").unwrap();
+        assert_eq!(m.ev.user, "github:mallory");
+        assert!(m.ignore.unwrap().contains("not its author"));
     }
 
     #[test]

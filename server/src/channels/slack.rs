@@ -94,6 +94,14 @@ pub fn event_to_trigger(
         return None;
     }
     let thread_ts = ev["thread_ts"].as_str().unwrap_or(ts);
+    // The principal names the author's own organisation: a Slack Connect
+    // user from elsewhere carries their team (`user_team`), so a pattern
+    // for this workspace (`slack:T1/*`) never covers them.
+    let user_team = ev["user_team"]
+        .as_str()
+        .or(ev["user_profile"]["team"].as_str())
+        .filter(|t| !t.is_empty())
+        .unwrap_or(team);
     let text = ev["text"].as_str().unwrap_or_default();
     let mention_tag = format!("<@{bot_user}>");
     let dm = ev["channel_type"] == "im";
@@ -105,7 +113,7 @@ pub fn event_to_trigger(
     Some(pb::SendEventRequest {
         source: connector.to_string(),
         thread: format!("{channel}/{thread_ts}"),
-        user: format!("slack:{team}/{who}"),
+        user: format!("slack:{user_team}/{who}"),
         user_name: name.to_string(),
         text: text.to_string(),
         mention: kind == "app_mention"
@@ -167,8 +175,12 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
             .is_some_and(|t| t.from_bot && t.user == "byom");
     }
     // Slack Connect users from another organisation carry their own team.
-    let user_team = v["event"]["user_team"].as_str().unwrap_or(team);
-    if user_team != team {
+    let user_team = v["event"]["user_team"]
+        .as_str()
+        .or(v["event"]["user_profile"]["team"].as_str())
+        .filter(|t| !t.is_empty())
+        .unwrap_or(team);
+    if user_team != team || v["event"]["user_profile"]["is_stranger"] == true {
         ev.author_association = "external".into();
     } else if crate::trust::load(&ch.store).slack_members && !ev.from_bot {
         if let Some(u) = v["event"]["user"].as_str() {
@@ -423,6 +435,11 @@ mod tests {
             ),
             ("C1/1700.0001", "slack:T1/U2", true, "C1/1700.0001")
         );
+        // A Slack Connect user speaks for their own organisation.
+        let ext = json!({"type": "message", "channel": "C1", "user": "UX", "user_team": "TEXT",
+                         "text": "hi", "ts": "1700.0009"});
+        let t = event_to_trigger("team", "T1", "UBOT", &ext).unwrap();
+        assert_eq!(t.user, "slack:TEXT/UX");
         let ev = json!({"type": "message", "channel": "D1", "user": "U2", "text": "hello",
                         "ts": "1700.0003", "thread_ts": "1700.0002", "channel_type": "im"});
         let t = event_to_trigger("team", "T1", "UBOT", &ev).unwrap();
