@@ -60,22 +60,11 @@ pub fn digest(kind: &str, machine: &str, action: &str) -> String {
 }
 
 /// Whether `word` is a mention of someone (the bot) that a channel puts
-/// before a message: `@byom`, Slack's `<@U123>`, Matrix's `byom:`.
+/// before a message: `@byom`, Slack's `<@U123>`. (Not `word:`: "Deny:
+/// approve …" must not read as an approval.)
 fn is_mention(word: &str) -> bool {
-    (word.starts_with('@') && word.len() > 1)
-        || (word.starts_with("<@") && word.ends_with('>'))
-        || word.strip_suffix(':').is_some_and(|name| {
-            !name.is_empty()
-                && !name.contains(':')
-                && !REFUSALS.contains(&name.to_lowercase().as_str())
-        })
+    (word.starts_with('@') && word.len() > 1) || (word.starts_with("<@") && word.ends_with('>'))
 }
-
-/// Words that, written `word:` before an answer, say the opposite of a
-/// mention ("no: approve …" is not read as an approval).
-const REFUSALS: &[&str] = &[
-    "no", "not", "don't", "dont", "never", "nope", "stop", "wait",
-];
 
 /// Reads a message as an answer, or not at all. The whole message, once
 /// quoted lines (`> …`, what someone else said) and leading mentions are
@@ -122,9 +111,32 @@ pub fn shown(s: &str, max: usize) -> (String, bool) {
     (s.chars().take(max).collect(), true)
 }
 
-/// `text` with its backticks made harmless inside a code span.
+/// `text` made safe to show in a code block: no run of backticks can end
+/// the block (each backtick is followed by a zero-width space), and
+/// characters that hide or reorder what is shown (controls, bidi
+/// overrides, zero-width ones) are written out as `\u{…}`, so the
+/// approver sees every character that will run.
 fn code_span(text: &str) -> String {
-    text.replace("```", "`\u{200b}``")
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let hidden = (c.is_control() && c != '\n' && c != '\t')
+            || matches!(
+                c,
+                '\u{200b}'..='\u{200f}'
+                    | '\u{202a}'..='\u{202e}'
+                    | '\u{2066}'..='\u{2069}'
+                    | '\u{feff}'
+                    | '\u{061c}'
+            );
+        if hidden {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else if c == '`' {
+            out.push_str("`\u{200b}");
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The request a person reads, written by the core: the exact action,
@@ -190,7 +202,7 @@ mod tests {
         assert_eq!(parse_answer("  Approve k7qx9p. "), yes);
         assert_eq!(parse_answer("@byom-bot approve K7QX9P"), yes);
         assert_eq!(parse_answer("<@U123> approve K7QX9P"), yes);
-        assert_eq!(parse_answer("byom: deny K7QX9P"), no);
+        assert_eq!(parse_answer("@byom deny K7QX9P"), no);
         assert_eq!(parse_answer("> Approval needed\n> …\n\nDENY K7QX9P!"), no);
         for not in [
             "Do not approve this.",
@@ -213,6 +225,9 @@ mod tests {
             "approve K7QX0P",
             "approve `K7QX9P`",
             "no: approve K7QX9P",
+            "Deny: approve K7QX9P",
+            "Don\u{2019}t: approve K7QX9P",
+            "byom: approve K7QX9P",
         ] {
             assert_eq!(parse_answer(not), None, "{not:?}");
         }
@@ -255,6 +270,20 @@ mod tests {
         assert!(
             !t.contains("```x"),
             "a fence in the action cannot end the block: {t}"
+        );
+        let hidden = request_text(
+            "apr_1",
+            "K7QX9P",
+            "w",
+            "run",
+            "ls\u{202e}hs.x\r; rm",
+            "",
+            "",
+            &[],
+        );
+        assert!(
+            hidden.contains("\\u{202e}") && hidden.contains("\\u{d}"),
+            "{hidden}"
         );
         assert!(
             t.contains("`approve K7QX9P`") && t.contains("github:maint"),

@@ -37,6 +37,11 @@ pub struct TriggerInfo {
     /// approval counts only when it came after the request.
     #[serde(default)]
     pub at_ms: crate::Ms,
+    /// Its author is a name an admin gave through the API (`byom events
+    /// send --user github:…`), not one a channel verified: it never
+    /// answers an approval.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub claimed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -261,10 +266,16 @@ pub enum RouterItem {
         worker: String,
         thread: String,
         question: String,
+        /// The asking worker's A and B: the request's text is its words.
+        #[serde(default)]
+        flags: crate::flags::Flags,
     },
     Bounced {
         worker: String,
         trigger: TriggerInfo,
+        /// The bouncing worker's flags when it bounced.
+        #[serde(default)]
+        flags: crate::flags::Flags,
     },
 }
 

@@ -174,6 +174,7 @@ pub fn info(t: &pb::Trigger) -> TriggerInfo {
         trusted: t.trusted,
         trust: t.trust.clone(),
         at_ms: t.created_at_ms,
+        claimed: false,
     }
 }
 
@@ -488,6 +489,7 @@ impl Triggers {
         let mut ops = vec![Op::trigger(&t)];
         if decision == TriggerDecision::Candidate {
             let mut i = info(&t);
+            i.claimed = opts.admin.as_deref().is_some_and(|a| a != t.principal);
             let (context, untrusted) = self.context(&t);
             i.context = context;
             if let (true, Some(why)) = (i.trusted, untrusted) {

@@ -405,10 +405,7 @@ fn policies_steer_the_router() {
     // Ignored in code, before any agent: the trigger says which policy.
     let ls = server.json(&["policy", "ls"]);
     assert!(
-        ls[0]["enforced"]
-            .as_str()
-            .unwrap()
-            .contains("user bob is ignored"),
+        ls[0]["enforced"].as_str().unwrap().contains("named bob"),
         "{ls}"
     );
 }

@@ -240,6 +240,10 @@ impl Core {
                 "{} was not asked on this thread; answer it where it was asked, or with `byom approvals approve {}`",
                 a.id, a.id
             )),
+            Some(a) if t.claimed => Err(format!(
+                "{} is a name an admin gave this message, not its verified author; an approver answers in their own name (or `byom approvals approve {}`)",
+                t.user, a.id
+            )),
             Some(a) if t.at_ms == 0 || t.at_ms < a.created_ms => Err(format!(
                 "this message is older than {}; only an answer written after the request counts",
                 a.id

@@ -97,6 +97,10 @@ impl Core {
         if let Some(o) = self.records.worker(obj) {
             inherit(&mut f, &o.flags, obj, "the record of");
         }
+        // A request's text is its worker's words.
+        if let Some(a) = self.records.approvals().get(obj) {
+            inherit(&mut f, &a.flags, obj, "the request");
+        }
         if obj.starts_with(Kind::Command.prefix()) {
             f.add_sensitive(obj, "recalled a command's output");
         }
@@ -110,8 +114,24 @@ impl Core {
         let mut f = self.records.router().turn_read.clone();
         for it in &self.records.router().turn_items {
             match it {
-                RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. } if !t.trusted => {
+                RouterItem::Trigger(t) if !t.trusted => {
                     f.add_untrusted(&t.id, &format!("in the Router's turn: {}", t.trust));
+                }
+                // A bounced message brings whoever bounced it: a tainted
+                // worker choosing which old message the Router acts on
+                // taints that choice.
+                RouterItem::Bounced {
+                    trigger: t,
+                    worker,
+                    flags,
+                } => {
+                    if !t.trusted {
+                        f.add_untrusted(&t.id, &format!("in the Router's turn: {}", t.trust));
+                    }
+                    inherit(&mut f, flags, worker, "bounced by");
+                    if let Some(w) = self.records.worker(worker) {
+                        inherit(&mut f, &w.flags, worker, "bounced by");
+                    }
                 }
                 // The flags it reported with, which outlive the worker;
                 // and its current ones while it is still in memory.
@@ -122,7 +142,10 @@ impl Core {
                     }
                 }
                 // A request's text holds the action of a tainted worker.
-                RouterItem::Question { approval, .. } => {
+                RouterItem::Question {
+                    approval, flags, ..
+                } => {
+                    inherit(&mut f, flags, approval, "the approval request");
                     if let Some(a) = self.records.approvals().get(approval) {
                         inherit(&mut f, &a.flags, approval, "the approval request");
                     }
@@ -183,9 +206,16 @@ impl Core {
         ))
     }
 
-    /// Gate for a reply on `thread` that is not where this turn's people
-    /// spoke: each worker whose report brings it there communicates
-    /// elsewhere (C). `Ok(None)`: post now; `Ok(Some(apr))`: held.
+    /// Gate for a reply on `r.thread`. A worker that reported in this turn
+    /// and whose task did not come from that thread speaks there when its
+    /// report names the thread, when it bounced a message there, or when
+    /// someone untrusted spoke there this turn: that is communicating
+    /// elsewhere (C), so a worker holding A and B needs an approver's yes,
+    /// whether or not someone also spoke on that thread (a stranger's
+    /// message, or a trigger a worker bounced there, must not open a way
+    /// out). Workers that ended before the Router acted speak
+    /// through the flags their report carried. `Ok(None)`: post now;
+    /// `Ok(Some(apr))`: held.
     pub(super) fn gate_reply(
         &mut self,
         world: &mut dyn World,
@@ -197,38 +227,70 @@ impl Core {
             RouterItem::Question { thread, .. } => thread == &r.thread,
             RouterItem::Report { .. } => false,
         });
-        if conversation {
-            return Ok(None);
+        // (worker, flags it reported with, its task's own threads, whether
+        // its report names this thread).
+        let mut reporters: Vec<(String, Flags, Vec<String>, bool)> = Vec::new();
+        for it in &items {
+            if let RouterItem::Report {
+                worker,
+                threads,
+                flags,
+                own_threads,
+                ..
+            } = it
+            {
+                let here = threads.contains(&r.thread);
+                match reporters.iter_mut().find(|(w, ..)| w == worker) {
+                    Some(x) => {
+                        x.1.absorb(flags);
+                        x.3 |= here;
+                    }
+                    None => {
+                        reporters.push((worker.clone(), flags.clone(), own_threads.clone(), here))
+                    }
+                }
+            }
         }
-        let reporters: Vec<String> = items
-            .iter()
-            .filter_map(|it| match it {
-                RouterItem::Report {
-                    worker, threads, ..
-                } if threads.contains(&r.thread) => Some(worker.clone()),
-                _ => None,
-            })
-            .collect();
-        // A worker reporting on its task's own thread answers the people
-        // who asked; only a thread it took on later is "elsewhere".
-        // A worker no longer in memory (it ended before the Router acted)
-        // counts as speaking elsewhere unless its report says the thread
-        // was its own: fail closed.
-        let speakers: Vec<String> = reporters
-            .iter()
-            .filter(|w| match self.records.worker(w) {
-                Some(ws) => !ws.own_threads.contains(&r.thread),
-                None => !items.iter().any(|it| {
-                    matches!(it, RouterItem::Report { worker, own_threads, .. }
-                        if worker == *w && own_threads.contains(&r.thread))
-                }),
-            })
-            .cloned()
-            .collect();
-        if !reporters.is_empty() && speakers.is_empty() {
-            return Ok(None);
+        let mut speakers = Vec::new();
+        let mut answers_here = false;
+        for (w, reported, own, here) in reporters {
+            let (mut flags, machine, wlabels, own) = match self.records.worker(&w) {
+                Some(ws) => (
+                    ws.flags.clone(),
+                    ws.machine.clone(),
+                    ws.labels.clone(),
+                    ws.own_threads.clone(),
+                ),
+                // Ended: no machine known, so only approvers for every
+                // machine may let it post.
+                None => (Flags::default(), String::new(), BTreeMap::new(), own),
+            };
+            flags.absorb(&reported);
+            if own.contains(&r.thread) {
+                // Its report, on its task's own thread: the answer to the
+                // people who asked.
+                answers_here |= here;
+                continue;
+            }
+            // What it reported may go where its report names, where it
+            // bounced a message to, or to people on a thread with someone
+            // untrusted in this turn.
+            let bounced_here = items.iter().any(|it| {
+                matches!(it, RouterItem::Bounced { worker, trigger, .. }
+                    if *worker == w && trigger.thread == r.thread)
+            });
+            let strangers_here = items.iter().any(|it| {
+                matches!(it, RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. }
+                    if t.thread == r.thread && !t.trusted)
+            });
+            if here || bounced_here || strangers_here {
+                speakers.push((w, flags, machine, wlabels, here));
+            }
         }
         if speakers.is_empty() {
+            if conversation || answers_here {
+                return Ok(None);
+            }
             // Only the Router's own unprompted post (an open thread).
             let f = self.turn_flags();
             if f.a() && f.b() {
@@ -240,26 +302,8 @@ impl Core {
             }
             return Ok(None);
         }
-        for w in speakers {
-            // A worker that ended (failed, cancelled) is gone from memory
-            // before the Router acts: its reported flags still speak.
-            let reported: Flags = items
-                .iter()
-                .filter_map(|it| match it {
-                    RouterItem::Report { worker, flags, .. } if *worker == w => Some(flags.clone()),
-                    _ => None,
-                })
-                .fold(Flags::default(), |mut acc, f| {
-                    acc.absorb(&f);
-                    acc
-                });
-            let (mut after, machine, wlabels) = match self.records.worker(&w) {
-                Some(ws) => (ws.flags.clone(), ws.machine.clone(), ws.labels.clone()),
-                // Ended: no machine known, so only approvers for every
-                // machine may let it post.
-                None => (Flags::default(), String::new(), BTreeMap::new()),
-            };
-            after.absorb(&reported);
+        for (w, flags, machine, wlabels, here) in speakers {
+            let mut after = flags;
             after.add_acts(&r.thread, "posts on a thread that is not its task's own");
             if after.all_three() {
                 let labels = Core::reach(world, &machine, &wlabels)
@@ -279,8 +323,10 @@ impl Core {
                 );
                 return Ok(Some(apr));
             }
-            if let Some(ws) = self.records.worker_mut(&w) {
-                ws.flags = after;
+            if here {
+                if let Some(ws) = self.records.worker_mut(&w) {
+                    ws.flags = after;
+                }
             }
         }
         Ok(None)
@@ -320,7 +366,25 @@ impl Core {
             }
             code = approval::code_from(&format!("{apr}/{i}"));
         }
-        let thread = self.root_thread(worker).unwrap_or_default();
+        // A worker that has ended is asked for where its task came from,
+        // as its report says.
+        let thread = self
+            .root_thread(worker)
+            .or_else(|| {
+                self.records
+                    .router()
+                    .turn_items
+                    .iter()
+                    .find_map(|it| match it {
+                        RouterItem::Report {
+                            worker: w,
+                            own_threads,
+                            ..
+                        } if w == worker => own_threads.first().cloned(),
+                        _ => None,
+                    })
+            })
+            .unwrap_or_default();
         let approvers = world.trust().approvers_for(labels);
         let why = if flags.all_three() {
             flags.explain()
@@ -349,11 +413,15 @@ impl Core {
             flags: flags.clone(),
             approvers: approvers.clone(),
             refused: Vec::new(),
-            code,
+            code: code.clone(),
             action: action.to_string(),
             digest,
             expires_ms: self.now.saturating_add(approval::APPROVAL_TTL_MS),
         });
+        let flags = Flags {
+            acts: Vec::new(),
+            ..flags
+        };
         if let Some(info) = world.thread(&thread) {
             self.out.push(Effect::Reply(Reply {
                 id: world.new_id(Kind::Trigger),
@@ -369,8 +437,10 @@ impl Core {
                 worker: worker.to_string(),
                 thread,
                 question: format!(
-                    "{question}\n(byom posted this request on the thread itself. Only an approver's `approve CODE` answers it; you cannot.)"
+                    "{}\n(byom posted this request on the thread itself. Only an approver's `approve CODE` answers it; you cannot.)",
+                    question.replace(&code, "[code]")
                 ),
+                flags,
             },
         );
         self.settle_status(worker);

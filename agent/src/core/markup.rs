@@ -74,11 +74,14 @@ pub(super) fn router_item(it: &RouterItem, b: &Budgets) -> String {
             worker,
             thread,
             question,
+            ..
         } => format!(
             "<event question approval={approval} worker={worker} thread={thread}>{}</event>",
             escape(&spill(question, b.report_chars, approval))
         ),
-        RouterItem::Bounced { worker, trigger: t } => format!(
+        RouterItem::Bounced {
+            worker, trigger: t, ..
+        } => format!(
             "<event bounced worker={worker} trigger={} thread={} source={} user={}{}>{}</event>",
             t.id,
             t.thread,
@@ -126,13 +129,14 @@ pub(super) fn observed(t: &TriggerInfo, workers: &[String]) -> String {
     )
 }
 
+/// An open request as the Router sees it every turn: which, where, whose;
+/// neither its code (the Router could quote it in a forged request) nor
+/// the action's text (a tainted worker's words, which would reach every
+/// later turn untainted).
 pub(super) fn approval(a: &Approval) -> String {
     format!(
-        "<approval id={} thread={} worker={}>{}</approval>\n",
-        a.id,
-        a.thread,
-        a.worker,
-        escape(&a.question)
+        "<approval id={} thread={} worker={}>waiting for an approver's answer (byom posted the request on the thread)</approval>\n",
+        a.id, a.thread, a.worker,
     )
 }
 

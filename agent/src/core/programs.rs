@@ -10,7 +10,7 @@ use super::router::opt_str;
 use super::tools::timeout_ms;
 use super::{markup, Core};
 use crate::event::{Effect, JsCallReq, JsOutcome};
-use crate::state::{ApprovalKind, ApprovalState, Flags, JsCallState, JsStep, WorkerStatus};
+use crate::state::{ApprovalKind, ApprovalState, JsCallState, JsStep, WorkerStatus};
 use crate::world::World;
 
 /// Longest parent chain walked to find where a person can be asked.
@@ -135,8 +135,8 @@ impl Core {
                     v => opt_str(v, "question").unwrap_or_else(|| v.to_string()),
                 };
                 // Answered by an approver for the worker's machine.
-                let (machine, labels) = match self.records.worker(id) {
-                    Some(w) => (w.machine.clone(), w.labels.clone()),
+                let (machine, labels, flags) = match self.records.worker(id) {
+                    Some(w) => (w.machine.clone(), w.labels.clone(), w.flags.clone()),
                     None => return,
                 };
                 let labels = world
@@ -151,7 +151,7 @@ impl Core {
                     labels.as_ref(),
                     "ask you (a program waits for your answer)",
                     &question,
-                    Flags::default(),
+                    flags,
                     "",
                     None,
                 );
@@ -191,14 +191,17 @@ impl Core {
         Ok(JsCallState::SpawnQueued { task, machine })
     }
 
-    /// The first thread up the parent chain: where a person can be asked.
+    /// Where a person is asked: the thread the task came from (its top
+    /// worker's own first thread, as given when it was made). Never a
+    /// thread a worker chose to watch later: a request posts the action's
+    /// text, so its place is not the worker's to pick.
     pub(super) fn root_thread(&self, id: &str) -> Option<String> {
         let mut cur = self.records.worker(id)?;
         for _ in 0..MAX_PARENT_WALK {
-            if let Some(t) = cur.threads.first() {
-                return Some(t.clone());
+            match &cur.parent {
+                Some(p) => cur = self.records.worker(p)?,
+                None => return cur.own_threads.first().cloned(),
             }
-            cur = self.records.worker(cur.parent.as_ref()?)?;
         }
         None
     }

@@ -198,7 +198,13 @@ impl Core {
                     }
                 }
                 r.retry_at = Some(now + backoff(r.failures));
-                if r.failures == ROUTER_FAILURES_BEFORE_NOTICE {
+                // A turn that already acted is not resumed: end it here,
+                // so its taint is counted and an untrusted turn leaves the
+                // conversation before any other starts.
+                if !r.turn_items.is_empty() {
+                    self.end_router_turn();
+                }
+                if self.records.router().failures == ROUTER_FAILURES_BEFORE_NOTICE {
                     self.model_down_notice(world, &e);
                 }
                 return;
@@ -233,33 +239,6 @@ impl Core {
             self.issue_router_call();
         } else {
             self.end_router_turn();
-        }
-    }
-
-    /// The watchdog's voice when the Router's model is down: everyone who
-    /// addressed the agent hears that their message is queued, once per
-    /// outage.
-    fn model_down_notice(&mut self, world: &mut dyn World, err: &str) {
-        let mut threads: Vec<String> = self
-            .records
-            .router()
-            .queue
-            .iter()
-            .filter_map(|it| match it {
-                RouterItem::Trigger(t) if t.mention => Some(t.thread.clone()),
-                _ => None,
-            })
-            .collect();
-        threads.sort();
-        threads.dedup();
-        let why: String = err.chars().take(120).collect();
-        for t in threads {
-            let text = format!(
-                "I can't reach my model right now ({why}). Your message is queued; I'll answer when it's back."
-            );
-            if let Ok(r) = self.reply(world, &t, &text, "delayed") {
-                self.out.push(Effect::Reply(r));
-            }
         }
     }
 
@@ -306,6 +285,10 @@ impl Core {
                 let text = str_arg(a, "text")?;
                 let status = a.get("status").and_then(Value::as_str).unwrap_or("");
                 self.may_post(world, &thread)?;
+                // Requests are byom's own posts: the model cannot write one.
+                if text.to_lowercase().contains("approval needed") {
+                    return Err("byom posts approval requests itself; do not write one (say that a request is waiting, if you must)".into());
+                }
                 let mut text = text.replace(STRUCTURE_MARK, "");
                 // Asynchronous channels read structured replies: the parts
                 // the model gave, each under its heading.
@@ -523,6 +506,33 @@ impl Core {
 
 /// The end of a Router turn: what it carries into the next.
 impl Core {
+    /// The watchdog's voice when the Router's model is down: everyone who
+    /// addressed the agent hears that their message is queued, once per
+    /// outage.
+    fn model_down_notice(&mut self, world: &mut dyn World, err: &str) {
+        let mut threads: Vec<String> = self
+            .records
+            .router()
+            .queue
+            .iter()
+            .filter_map(|it| match it {
+                RouterItem::Trigger(t) if t.mention => Some(t.thread.clone()),
+                _ => None,
+            })
+            .collect();
+        threads.sort();
+        threads.dedup();
+        let why: String = err.chars().take(120).collect();
+        for t in threads {
+            let text = format!(
+                "I can't reach my model right now ({why}). Your message is queued; I'll answer when it's back."
+            );
+            if let Ok(r) = self.reply(world, &t, &text, "delayed") {
+                self.out.push(Effect::Reply(r));
+            }
+        }
+    }
+
     /// What the Router carries across turns: nothing untrusted. A turn
     /// that read untrusted input (a stranger's message, a line seen on a
     /// subscribed thread, a tainted worker's report, a request, a recalled

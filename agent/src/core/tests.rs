@@ -931,3 +931,61 @@ fn the_router_carries_nothing_untrusted_across_turns() {
     assert!(!all.contains("IGNORE PREVIOUS"), "{all}");
     assert!(all.contains("taken out of your context"), "{all}");
 }
+
+/// A worker holding untrusted input and private data reports, and bounces
+/// a stranger's message from a public thread into the same turn: the
+/// Router's reply there is held for an approver, not posted (someone
+/// speaking on a thread does not open a way out for another's data), even
+/// when the worker has already ended.
+#[test]
+fn a_tainted_report_cannot_leave_through_a_bounced_thread() {
+    let mut core = Core::new(Budgets::default());
+    let mut w = TestWorld::new();
+    let mut flags = crate::flags::Flags::default();
+    flags.add_untrusted("trg_x", "a stranger's text");
+    flags.add_sensitive("lap", "a personal machine");
+    let stranger = TriggerInfo {
+        id: "trg_pub".into(),
+        thread: "thr_public".into(),
+        source: "chat".into(),
+        user: "github:mallory".into(),
+        text: "hi".into(),
+        at_ms: 1,
+        ..Default::default()
+    };
+    w.saw(&stranger);
+    for it in [
+        RouterItem::Report {
+            worker: "wrk_gone".into(),
+            threads: vec!["thr_private".into()],
+            status: "done".into(),
+            text: "the secret is hunter2".into(),
+            flags: flags.clone(),
+            own_threads: vec!["thr_private".into()],
+        },
+        RouterItem::Bounced {
+            worker: "wrk_gone".into(),
+            trigger: stranger,
+            flags,
+        },
+    ] {
+        push_bounded(core.records.router_mut(), it);
+    }
+    let fx = core.handle(&mut w, Event::Tick);
+    assert!(model_call(&fx).is_some(), "a Router turn");
+    let fx = router_step(
+        &mut core,
+        &mut w,
+        vec![(
+            "reply",
+            json!({"thread": "thr_public", "text": "the secret is hunter2"}),
+        )],
+    );
+    assert!(
+        !replies(&fx)
+            .iter()
+            .any(|r| r.thread == "thr_public" && r.text.contains("hunter2")),
+        "{fx:?}"
+    );
+    assert_eq!(core.approvals().len(), 1, "held for an approver");
+}

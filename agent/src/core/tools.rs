@@ -118,11 +118,17 @@ impl Core {
                     .ok_or_else(|| format!("no trigger {trg}"))?;
                 let t = parse_trigger_lookup(&trg, &info)
                     .ok_or_else(|| format!("{trg} is not a trigger"))?;
+                let flags = self
+                    .records
+                    .worker(id)
+                    .map(|w| w.flags.clone())
+                    .unwrap_or_default();
                 push_bounded(
                     self.records.router_mut(),
                     RouterItem::Bounced {
                         worker: id.to_string(),
                         trigger: t,
+                        flags,
                     },
                 );
                 Ok(format!("{trg} handed back to the router"))
@@ -171,5 +177,8 @@ fn parse_trigger_lookup(id: &str, text: &str) -> Option<TriggerInfo> {
             .unwrap_or_default()
             .to_string(),
         at_ms: v.get("created_at_ms").and_then(Value::as_u64).unwrap_or(0),
+        // Whatever it said when it arrived, a bounced message is not an
+        // answer now.
+        claimed: true,
     })
 }

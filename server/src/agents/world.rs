@@ -207,6 +207,17 @@ impl World for LiveWorld {
                 .ok()?
                 .iter()
                 .find_map(why),
+            // A command a tainted worker ran: its output may be what the
+            // untrusted text asked for.
+            Kind::Command => {
+                let c = self.store.get_command(id).ok()??;
+                c.tainted.then(|| {
+                    format!(
+                        "{id} ran for a worker that read untrusted input: {}",
+                        c.taint
+                    )
+                })
+            }
             _ => None,
         }
     }
