@@ -170,6 +170,51 @@ pub fn request_text(
     )
 }
 
+/// A character as a reader would take it: fullwidth forms and the common
+/// Cyrillic and Greek look-alikes of Latin letters become those letters
+/// (so "Аpproval" with a Cyrillic А reads as what it imitates).
+pub fn fold(c: char) -> char {
+    let u = c as u32;
+    if (0xFF01..=0xFF5E).contains(&u) {
+        return char::from_u32(u - 0xFEE0).unwrap_or(c);
+    }
+    match c {
+        'А' | 'а' | 'Α' | 'α' => 'a',
+        'В' | 'в' | 'Β' | 'β' => 'b',
+        'С' | 'с' | 'ϲ' => 'c',
+        'ԁ' => 'd',
+        'Е' | 'е' | 'Ε' | 'ε' => 'e',
+        'ɡ' => 'g',
+        'Н' | 'н' | 'Η' => 'h',
+        'І' | 'і' | 'Ι' | 'ι' | 'ı' => 'i',
+        'Ј' | 'ј' => 'j',
+        'К' | 'к' | 'Κ' | 'κ' => 'k',
+        'М' | 'м' | 'Μ' => 'm',
+        'Ν' | 'ո' => 'n',
+        'О' | 'о' | 'Ο' | 'ο' | 'σ' => 'o',
+        'Р' | 'р' | 'Ρ' | 'ρ' => 'p',
+        'Ѕ' | 'ѕ' => 's',
+        'Т' | 'т' | 'Τ' | 'τ' => 't',
+        'υ' | 'ս' => 'u',
+        'ν' | 'ѵ' => 'v',
+        'ԝ' | 'ω' => 'w',
+        'Х' | 'х' | 'Χ' | 'χ' => 'x',
+        'У' | 'у' | 'Υ' | 'γ' => 'y',
+        'Ζ' => 'z',
+        c => c,
+    }
+}
+
+/// The code a request (as [`request_text`] wrote it) asks to be answered
+/// with: what a reaction or a button on that message stands for.
+pub fn code_of_request(text: &str) -> Option<String> {
+    let rest = text.strip_prefix("Approval needed (")?;
+    let head = &rest[..rest.find(')')?];
+    let code = head.split(", code ").nth(1)?;
+    (code.len() == CODE_LEN && code.chars().all(|c| c.is_ascii_alphanumeric()))
+        .then(|| code.to_string())
+}
+
 /// The name of an approval's kind in its digest.
 pub fn kind_name(k: crate::state::ApprovalKind) -> &'static str {
     match k {
@@ -187,6 +232,23 @@ pub fn post_action(r: &crate::event::Reply) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_names_its_code() {
+        let text = request_text(
+            "apr_1",
+            "K7QX9P",
+            "wrk_1",
+            "run a command",
+            "ls",
+            "lap",
+            "why",
+            &[],
+        );
+        assert_eq!(code_of_request(&text).as_deref(), Some("K7QX9P"));
+        assert_eq!(code_of_request("Done: approve K7QX9P"), None);
+        assert_eq!(code_of_request("Approval needed (apr_1, code K7Q)"), None);
+    }
 
     #[test]
     fn only_the_exact_form_answers() {

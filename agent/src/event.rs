@@ -44,7 +44,7 @@ pub struct TriggerInfo {
     pub claimed: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CommandResult {
     /// Final state name (exited, failed, cancelled, timed_out, lost).
     pub state: String,
@@ -172,6 +172,12 @@ pub struct Reply {
     pub thread: String,
     pub source: String,
     pub text: String,
+    /// Why it may carry someone untrusted's words (written in a turn that
+    /// read them, answering them, or a request a tainted worker wrote):
+    /// whoever later reads the thread reads them too, so it is stored as
+    /// untrusted. `None`: byom's own words from trusted input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -80,6 +80,31 @@ impl Flags {
             l.join("")
         }
     }
+    /// [`Flags::explain`] with at most `n` causes per flag (and how many
+    /// more there are): for what people read in a channel.
+    pub fn summary(&self, n: usize) -> String {
+        let mut s = String::new();
+        for (name, list) in [
+            ("untrusted input", &self.untrusted),
+            ("sensitive access", &self.sensitive),
+            ("changes state or communicates", &self.acts),
+        ] {
+            if list.is_empty() {
+                continue;
+            }
+            let mut causes: Vec<String> = list
+                .iter()
+                .take(n)
+                .map(|c| format!("{} ({})", c.object, c.why))
+                .collect();
+            if list.len() > n {
+                causes.push(format!("and {} more", list.len() - n));
+            }
+            s.push_str(&format!("{name}: {}; ", causes.join(", ")));
+        }
+        s.trim_end_matches("; ").to_string()
+    }
+
     /// One line per flag held, with its causes.
     pub fn explain(&self) -> String {
         let mut s = String::new();

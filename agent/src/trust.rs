@@ -59,6 +59,24 @@ impl Default for Trust {
     }
 }
 
+impl Trust {
+    /// What holds when the configuration cannot be read: admins are
+    /// trusted and approve, nobody else is (no association, workspace or
+    /// homeserver vouches for anyone).
+    pub fn closed() -> Trust {
+        Trust {
+            trusted: vec!["admin:*".into()],
+            github_associations: Vec::new(),
+            slack_members: false,
+            matrix_homeservers: Vec::new(),
+            approvers: vec![Approver {
+                principal: "admin:*".into(),
+                label: None,
+            }],
+        }
+    }
+}
+
 /// A principal matches a pattern: equal, or the pattern ends in `*` and
 /// the principal starts with what comes before it.
 pub fn matches(pattern: &str, principal: &str) -> bool {
@@ -80,14 +98,20 @@ impl Trust {
     /// connector vouched for: GitHub's `author_association`, or `member` /
     /// `guest` for Slack; `""` when nothing was.
     pub fn judge(&self, principal: &str, association: &str) -> Verdict {
+        self.judge_sender(principal, association, false)
+    }
+
+    /// [`Trust::judge`] for a message a bot posted (`bot`): like someone
+    /// from outside the organisation (Slack Connect), a bot (an incoming
+    /// webhook, a bridge, another app relaying others' words) is trusted
+    /// only when named exactly, never by a pattern.
+    pub fn judge_sender(&self, principal: &str, association: &str, bot: bool) -> Verdict {
         let yes = |why: String| Verdict { trusted: true, why };
-        // Someone from outside the organisation (Slack Connect) is trusted
-        // only when named exactly, never by a pattern.
-        let external = association == "external";
+        let exact_only = bot || association == "external";
         if let Some(p) = self
             .trusted
             .iter()
-            .find(|p| matches(p, principal) && !(external && p.ends_with('*')))
+            .find(|p| matches(p, principal) && !(exact_only && p.ends_with('*')))
         {
             return yes(format!("{principal} is trusted (byom trust: {p})"));
         }
@@ -237,6 +261,11 @@ mod tests {
         assert!(!t2.judge("slack:T1/U1", "external").trusted);
         t2.trusted.push("slack:T2/UX".into());
         assert!(t2.judge("slack:T2/UX", "external").trusted);
+        // A bot relaying others' words (an incoming webhook, a bridge):
+        // only by its exact name.
+        assert!(!t2.judge_sender("slack:T1/B42", "", true).trusted);
+        t2.trusted.push("slack:T1/B42".into());
+        assert!(t2.judge_sender("slack:T1/B42", "", true).trusted);
         assert!(t.may_approve("admin:bob", None));
         assert!(!t.may_approve("github:octocat", None));
     }

@@ -11,31 +11,46 @@ use crate::event::TriggerInfo;
 use crate::trust::Trust;
 use crate::Ms;
 
+/// A read the world could not make (its store is away). Nothing is
+/// decided on a guess: the step that needed it is void (its effects and
+/// writes thrown away) and runs again, as after a failed commit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the world could not be read: {0}")]
+pub struct Unavailable(pub String);
+
+/// What a read of the world gives.
+pub type Read<T> = Result<T, Unavailable>;
+
 /// What the core needs from outside, all of it deterministic in simulation.
+/// Every read that can fail says so ([`Unavailable`]).
 pub trait World {
     fn now(&self) -> Ms;
     fn new_id(&mut self, kind: Kind) -> String;
     /// The Router's natural-language policies.
-    fn policies(&self) -> Vec<String>;
+    fn policies(&self) -> Read<Vec<String>>;
     /// One line per machine (name, state, labels), for the Router.
-    fn machines(&self) -> Vec<String>;
+    fn machines(&self) -> Read<Vec<String>>;
     /// The full text of a stored object (trigger, thread, command with its
-    /// output, snapshot), for recall/read.
-    fn lookup(&self, id: &str) -> Option<String>;
+    /// output, snapshot), for recall/read (`None`: no such object).
+    fn lookup(&self, id: &str) -> Read<Option<String>>;
     /// Where a thread is, if it exists.
-    fn thread(&self, thread: &str) -> Option<ThreadInfo>;
+    fn thread(&self, thread: &str) -> Read<Option<ThreadInfo>>;
     /// The thread named `source:external` (e.g. `gh:acme/app#12`) or by a
     /// GitHub pull request or issue URL, made if the source is a connector
     /// and it does not exist yet. `None`: no such source.
-    fn find_thread(&mut self, name: &str) -> Option<String>;
+    fn find_thread(&mut self, name: &str) -> Read<Option<String>>;
     /// Who is trusted and who may approve (`byom trust`).
-    fn trust(&self) -> Trust;
+    fn trust(&self) -> Read<Trust>;
     /// The machine `machine` names (name or ID), or when it is empty every
     /// machine carrying all of `labels`: what a command there could reach.
-    fn machines_for(&self, machine: &str, labels: &BTreeMap<String, String>) -> Vec<MachineInfo>;
+    fn machines_for(
+        &self,
+        machine: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Read<Vec<MachineInfo>>;
     /// Why a stored object holds text from someone untrusted (`None`: it
     /// does not, or no such object).
-    fn untrusted(&self, id: &str) -> Option<String>;
+    fn untrusted(&self, id: &str) -> Read<Option<String>>;
 }
 
 /// A machine as containment sees it.
@@ -121,6 +136,8 @@ pub struct TestWorld {
     pub labels: HashMap<String, BTreeMap<String, String>>,
     /// Read-only programs per machine name.
     pub read_only: HashMap<String, Vec<String>>,
+    /// Every read fails (the store is away).
+    pub unavailable: bool,
 }
 
 impl TestWorld {
@@ -130,6 +147,14 @@ impl TestWorld {
             machines: vec!["lap".into()],
             default_source: Some("chat".into()),
             ..TestWorld::default()
+        }
+    }
+
+    fn up(&self) -> Read<()> {
+        if self.unavailable {
+            Err(Unavailable("the test store is away".into()))
+        } else {
+            Ok(())
         }
     }
 
@@ -156,43 +181,87 @@ impl World for TestWorld {
         format!("{}{}", kind.prefix(), encode_body(self.now, r))
     }
 
-    fn policies(&self) -> Vec<String> {
-        self.policies.clone()
+    fn policies(&self) -> Read<Vec<String>> {
+        self.up()?;
+        Ok(self.policies.clone())
     }
 
-    fn machines(&self) -> Vec<String> {
-        self.machines
+    fn machines(&self) -> Read<Vec<String>> {
+        self.up()?;
+        Ok(self
+            .machines
             .iter()
             .map(|m| format!("{m} (online)"))
-            .collect()
+            .collect())
     }
 
-    fn lookup(&self, id: &str) -> Option<String> {
+    fn lookup(&self, id: &str) -> Read<Option<String>> {
+        self.up()?;
         if let Some(t) = self.triggers.get(id) {
-            return serde_json::to_string(&serde_json::json!({
+            return Ok(serde_json::to_string(&serde_json::json!({
                 "thread_id": t.thread, "source": t.source, "user": t.user, "principal": t.user,
                 "created_at_ms": t.at_ms,
                 "text": t.text, "mention": t.mention, "trusted": t.trusted, "trust": t.trust
             }))
-            .ok();
+            .ok());
         }
-        self.objects.get(id).cloned()
+        Ok(self.objects.get(id).cloned())
     }
 
-    fn thread(&self, thread: &str) -> Option<ThreadInfo> {
-        let source = self
+    fn thread(&self, thread: &str) -> Read<Option<ThreadInfo>> {
+        self.up()?;
+        let Some(source) = self
             .threads
             .get(thread)
             .cloned()
-            .or_else(|| self.default_source.clone())?;
-        Some(ThreadInfo {
+            .or_else(|| self.default_source.clone())
+        else {
+            return Ok(None);
+        };
+        Ok(Some(ThreadInfo {
             kind: test_kind(&source),
             open: self.open_sources.contains(&source),
             source,
-        })
+        }))
     }
 
-    fn find_thread(&mut self, name: &str) -> Option<String> {
+    fn find_thread(&mut self, name: &str) -> Read<Option<String>> {
+        self.up()?;
+        Ok(self.find_thread_now(name))
+    }
+
+    fn trust(&self) -> Read<Trust> {
+        self.up()?;
+        Ok(self.trust.clone())
+    }
+
+    fn machines_for(
+        &self,
+        machine: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Read<Vec<MachineInfo>> {
+        self.up()?;
+        Ok(self.machines_now(machine, labels))
+    }
+
+    fn untrusted(&self, id: &str) -> Read<Option<String>> {
+        self.up()?;
+        if let Some(t) = self.triggers.get(id) {
+            return Ok((!t.trusted).then(|| t.trust.clone()));
+        }
+        // A thread: someone untrusted said something there.
+        let mut on: Vec<&TriggerInfo> = self
+            .triggers
+            .values()
+            .filter(|t| t.thread == id && !t.trusted)
+            .collect();
+        on.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(on.first().map(|t| format!("{}: {}", t.id, t.trust)))
+    }
+}
+
+impl TestWorld {
+    fn find_thread_now(&mut self, name: &str) -> Option<String> {
         let name = match github_thread(name) {
             Some(t) => format!("github:{t}"),
             None => name.to_string(),
@@ -211,11 +280,7 @@ impl World for TestWorld {
         Some(id)
     }
 
-    fn trust(&self) -> Trust {
-        self.trust.clone()
-    }
-
-    fn machines_for(&self, machine: &str, labels: &BTreeMap<String, String>) -> Vec<MachineInfo> {
+    fn machines_now(&self, machine: &str, labels: &BTreeMap<String, String>) -> Vec<MachineInfo> {
         self.machines
             .iter()
             .filter(|m| {
@@ -234,10 +299,5 @@ impl World for TestWorld {
                 read_only: self.read_only.get(m).cloned().unwrap_or_default(),
             })
             .collect()
-    }
-
-    fn untrusted(&self, id: &str) -> Option<String> {
-        let t = self.triggers.get(id)?;
-        (!t.trusted).then(|| t.trust.clone())
     }
 }

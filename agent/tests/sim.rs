@@ -69,14 +69,46 @@ fn crashes_at_every_step_change_nothing_people_or_machines_see() {
     }
 }
 
+/// The store away at random steps: every step that read the world is
+/// void and runs again; people and machines see what a calm day shows.
+#[test]
+fn an_unreadable_world_voids_the_step_and_changes_nothing() {
+    let events = sim::day(60, 3);
+    let base = SimConfig {
+        budgets: small_budgets(),
+        ..SimConfig::default()
+    };
+    let calm = block_on(sim::run(
+        events.clone(),
+        &base,
+        &mut ScriptedPrograms::new(),
+    ))
+    .unwrap();
+    for k in [2, 3, 7] {
+        let cfg = SimConfig {
+            outage_every: k,
+            ..base.clone()
+        };
+        let r = block_on(sim::run(events.clone(), &cfg, &mut ScriptedPrograms::new()))
+            .unwrap_or_else(|e| panic!("k={k}: {e}"));
+        assert!(r.voided > 10, "k={k}: {r:?}");
+        assert!(r.quiescent && r.tasks_unfinished.is_empty(), "k={k}: {r:?}");
+        assert_eq!(
+            (r.tasks, r.commands, r.replies, r.subagents),
+            (calm.tasks, calm.commands, calm.replies, calm.subagents),
+            "k={k}"
+        );
+    }
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
 
     /// The Rule of Two under random streams of trusted and untrusted
     /// messages, random answers from approvers and from people who may not
-    /// approve, with and without crashes: after every step, no command that
-    /// completes untrusted input, a sensitive machine and a state change
-    /// has started without an approver's recorded yes (the simulator checks
+    /// approve, with and without crashes and store outages: after every
+    /// step, no command that completes untrusted input, a sensitive
+    /// machine and a state change has started without an approver's recorded yes (the simulator checks
     /// it at each start, against its own record of which model contexts
     /// held untrusted text as well as the core's flags).
     #[test]
@@ -84,10 +116,12 @@ proptest::proptest! {
         seed in 1u64..10_000,
         strangers in 10u64..70,
         crash_every in proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..13],
+        outage_every in proptest::prop_oneof![proptest::strategy::Just(0u64), 2u64..17],
         answer_seed in 1u64..1000,
     ) {
         let cfg = SimConfig {
             crash_every,
+            outage_every,
             answerers: vec!["ada".into(), "github:mallory".into(), "bob".into()],
             answer_seed,
             ..SimConfig::default()

@@ -12,17 +12,25 @@ pub async fn read_body(
     req: hyper::Request<hyper::body::Incoming>,
 ) -> Result<Bytes, hyper::Response<Full<Bytes>>> {
     use http_body_util::{BodyExt, Limited};
-    match Limited::new(req.into_body(), MAX_WEBHOOK_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(_) => Err(reply(
+    let body = Limited::new(req.into_body(), MAX_WEBHOOK_BYTES).collect();
+    match tokio::time::timeout(BODY_TIMEOUT, body).await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(_)) => Err(reply(
             413,
             serde_json::json!({"error": format!("body over {MAX_WEBHOOK_BYTES} bytes")}),
         )),
+        // A stranger's connection until its signature checks: it may not
+        // hold its place by trickling a body.
+        Err(_) => Err(reply(
+            408,
+            serde_json::json!({"error": format!("body not received within {} s", BODY_TIMEOUT.as_secs())}),
+        )),
     }
 }
+
+/// Longest a client may take to send a request's body once its headers
+/// arrived (GitHub and Slack send theirs at once).
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A JSON answer.
 pub fn reply(status: u16, body: Value) -> hyper::Response<Full<Bytes>> {

@@ -44,8 +44,15 @@ pub struct ServerOptions {
     /// have ended, before the command is given up as lost (a laptop asleep
     /// overnight keeps its work).
     pub offline_allowance: Duration,
-    /// HTTP address for webhooks (POST /hooks/SOURCE, HMAC-signed).
+    /// HTTPS address for webhooks (POST /hooks/SOURCE, HMAC-signed, and
+    /// the connectors' endpoints).
     pub listen_webhook: SocketAddr,
+    /// The webhook port's certificate chain and key (PEM), for a name
+    /// GitHub and Slack can verify; `None`: the server's own certificate.
+    pub webhook_tls: Option<(PathBuf, PathBuf)>,
+    /// Plain HTTP on the webhook port from other machines too (a proxy in
+    /// front terminates TLS); from this machine it is always accepted.
+    pub webhook_plain: bool,
     /// The release to hand out (see [`crate::dist`]); `None`: look beside
     /// the binary.
     pub dist: Option<PathBuf>,
@@ -179,6 +186,32 @@ fn load_dist(
     }
 }
 
+/// Where other machines post webhooks: `https://` the public host (or the
+/// bound address) and the webhook port; said plainly when the port
+/// listens on loopback only, where no one else can reach it.
+fn webhook_base(opts: &ServerOptions, bound: SocketAddr, public_addr: &str) -> (String, String) {
+    let host = if bound.ip().is_unspecified() {
+        public_addr
+            .rsplit_once(':')
+            .map(|(h, _)| h.to_string())
+            .unwrap_or_else(byom_wire::hostname)
+    } else {
+        match bound.ip() {
+            std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+            ip => ip.to_string(),
+        }
+    };
+    let base = format!("https://{host}:{}", bound.port());
+    let note = if bound.ip().is_loopback() {
+        format!("the webhook port listens on {bound} only: start the server with --listen-webhook 0.0.0.0:{} for GitHub or Slack to reach it", bound.port())
+    } else if opts.webhook_tls.is_none() {
+        "the webhook port shows the server's own certificate: give --webhook-tls-cert and --webhook-tls-key for one GitHub and Slack can verify".to_string()
+    } else {
+        String::new()
+    };
+    (base, note)
+}
+
 /// The server's identity: PKI (certificates naming the public host), what
 /// it hands out to laptops, and the machines it refuses.
 fn identity(
@@ -274,8 +307,12 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         triggers.load_stored_rules();
     }
     let idem = crate::idempotency::Idempotency::new(store.clone());
-    let channels =
-        crate::channels::Channels::new(store.clone(), triggers.clone(), shutdown.clone());
+    let channels = crate::channels::Channels::new(
+        store.clone(),
+        triggers.clone(),
+        shutdown.clone(),
+        webhook_base(&opts, webhook_addr, &identity.public_addr),
+    );
     // With replicas, connectors run where the agents do (see agents::lease).
     channels.set_active(!cluster.shared());
 
@@ -297,6 +334,15 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         Arc::new(quinn::TokioRuntime),
     )?;
     let api_tls = crate::tls::api_server_config(&identity.pki)?;
+    let webhook_transport = crate::webhook::Transport {
+        tls: Arc::new(crate::tls::webhook_server_config(
+            &identity.pki,
+            opts.webhook_tls
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path())),
+        )?),
+        plain_from_anywhere: opts.webhook_plain,
+    };
     let outer_tls = crate::tls::tunnel_server_config(&identity.pki)?;
 
     let info = ServerInfo {
@@ -372,6 +418,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let webhooks = tokio::spawn(crate::webhook::serve(
         hooks,
         bound.webhook,
+        webhook_transport,
         gates.webhooks.clone(),
         shutdown.clone(),
     ));

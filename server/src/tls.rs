@@ -192,6 +192,38 @@ pub fn peer_role(certs: Option<&[CertificateDer<'_>]>) -> Option<(Role, pki::Cer
     Some((info.role.clone()?, info))
 }
 
+/// rustls config for the webhook port: the operator's certificate and key
+/// (PEM files; what GitHub and Slack can verify) or, without them, the
+/// server's own. TLS 1.2 too: webhook senders are other people's servers.
+pub fn webhook_server_config(
+    pki: &Pki,
+    cert_key: Option<(&std::path::Path, &std::path::Path)>,
+) -> anyhow::Result<rustls::ServerConfig> {
+    use anyhow::Context;
+    use rustls_pki_types::pem::PemObject;
+    let (chain, key) = match cert_key {
+        None => server_chain(pki),
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .with_context(|| format!("cannot read certificates from {}", cert.display()))?;
+            if chain.is_empty() {
+                anyhow::bail!("{} holds no certificate", cert.display());
+            }
+            let key = PrivateKeyDer::from_pem_file(key)
+                .with_context(|| format!("cannot read a private key from {}", key.display()))?;
+            (chain, key)
+        }
+    };
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .context("the webhook certificate and key do not make a TLS identity")?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
 /// ALPN of the TCP fallback's outer TLS layer.
 pub const TUNNEL_ALPN: &[u8] = b"byom-tcp/1";
 

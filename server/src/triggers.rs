@@ -184,6 +184,12 @@ pub(crate) fn is_own_reply(t: &pb::Trigger) -> bool {
     t.from_bot && t.user == "byom" && t.principal.is_empty()
 }
 
+/// byom's own words from trusted input: a reply that carries nobody
+/// untrusted's words (one that does says why in `trust`).
+pub(crate) fn is_clean_reply(t: &pb::Trigger) -> bool {
+    is_own_reply(t) && t.trust.is_empty()
+}
+
 impl Triggers {
     pub fn new(store: Store, rules: Rules, agents: AgentInbox) -> Triggers {
         Triggers {
@@ -354,7 +360,7 @@ impl Triggers {
         }
         let mut untrusted: Option<String> = None;
         let mut note = |x: &pb::Trigger| {
-            if !x.trusted && !is_own_reply(x) && untrusted.is_none() {
+            if !x.trusted && !is_clean_reply(x) && untrusted.is_none() {
                 let who = if x.principal.is_empty() {
                     &x.user
                 } else {
@@ -446,13 +452,17 @@ impl Triggers {
             text.truncate(cut);
             text.push_str(" […cut at 64 KiB]");
         }
+        let answer = !ev.from_bot && byom_agent::approval::parse_answer(&text).is_some();
         let mut t = pb::Trigger {
             id,
             thread_id: thread.id.clone(),
             source,
             user: clean(&ev.user, MAX_NAME),
             text,
-            mention: ev.mention,
+            // `approve CODE` answers byom's request: addressed by its form,
+            // whatever the channel's mention rules (the core decides if it
+            // counts).
+            mention: ev.mention || answer,
             from_bot: ev.from_bot,
             created_at_ms: now,
             user_name: clean(&ev.user_name, MAX_NAME),
@@ -465,7 +475,11 @@ impl Triggers {
             ..Default::default()
         };
         t.principal = crate::trust::principal(&t.kind, &t.source, &t.user, opts.admin.as_deref());
-        let verdict = crate::trust::load(store).judge(&t.principal, &t.author_association);
+        let verdict = crate::trust::load(store)?.judge_sender(
+            &t.principal,
+            &t.author_association,
+            t.from_bot,
+        );
         t.trusted = verdict.trusted;
         t.trust = verdict.why;
         // The owner's policies that need no judgement hold for every

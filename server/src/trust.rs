@@ -8,23 +8,21 @@ use byom_store::{Op, Store, StoreError};
 /// Server-wide setting under which the configuration is stored.
 const TRUST_KEY: &str = "trust";
 
-/// The configuration in force: the stored one, or the defaults. A stored
-/// one that no longer parses is reported and replaced by the defaults,
-/// which trust only admins: failing closed.
-pub fn load(store: &Store) -> Trust {
-    match store.channel_state("", TRUST_KEY) {
-        Ok(Some(b)) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+/// The configuration in force: the stored one, or the defaults when none
+/// was ever stored. A store that cannot be read is an error (whoever asks
+/// decides nothing until it can be); a stored one that no longer parses
+/// is reported and replaced by [`Trust::closed`], which trusts only
+/// admins: failing closed, never open.
+pub fn load(store: &Store) -> Result<Trust, StoreError> {
+    Ok(match store.channel_state("", TRUST_KEY)? {
+        Some(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
             tracing::error!(
-                "the stored trust configuration does not parse ({e}); using the defaults"
+                "the stored trust configuration does not parse ({e}); trusting only admins until `byom trust` replaces it"
             );
-            Trust::default()
+            Trust::closed()
         }),
-        Ok(None) => Trust::default(),
-        Err(e) => {
-            tracing::error!("cannot read the trust configuration ({e}); using the defaults");
-            Trust::default()
-        }
-    }
+        None => Trust::default(),
+    })
 }
 
 pub fn save(store: &Store, t: &Trust) -> Result<(), StoreError> {
@@ -56,6 +54,20 @@ pub fn principal(kind: &str, source: &str, user: &str, admin: Option<&str>) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configuration_that_does_not_parse_trusts_only_admins() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(d.path()).unwrap();
+        assert_eq!(load(&store).unwrap(), Trust::default());
+        store
+            .batch(&[Op::channel_state("", TRUST_KEY, b"{not json")])
+            .unwrap();
+        let t = load(&store).unwrap();
+        assert_eq!(t, Trust::closed());
+        assert!(!t.judge("github:octocat", "OWNER").trusted);
+        assert!(t.judge("admin:ada", "").trusted);
+    }
 
     #[test]
     fn principals() {

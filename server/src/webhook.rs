@@ -1,8 +1,13 @@
 //! The generic webhook endpoint: `POST /hooks/SOURCE` with a JSON body
-//! `{"thread": …, "user": …, "text": …, "mention": bool, "from_bot": bool}`
-//! and `X-Byom-Signature: sha256=HEX`, the HMAC-SHA256 of the raw body with
-//! the key in `<data-dir>/webhook.key`. A bad or missing signature is 401
-//! and nothing is stored; a good one becomes a trigger (202).
+//! `{"thread": …, "user": …, "text": …, "mention": bool, "from_bot": bool}`,
+//! `X-Byom-Timestamp: UNIX_SECONDS` and `X-Byom-Signature: sha256=HEX`,
+//! the HMAC-SHA256 of `TIMESTAMP.BODY` with the key in
+//! `<data-dir>/webhook.key`. A bad or missing signature, or a timestamp
+//! more than five minutes from the server's clock, is 401 and nothing is
+//! stored; a good one becomes a trigger (202). The same signed request
+//! again (a replay, under any delivery ID) is answered with its first
+//! trigger: within the five minutes by its signature, after them by its
+//! timestamp.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -25,9 +30,15 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a webhook connection may stay open.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 pub const SIGNATURE_HEADER: &str = "x-byom-signature";
+pub const TIMESTAMP_HEADER: &str = "x-byom-timestamp";
+/// How far a request's timestamp may be from the server's clock.
+pub const MAX_REQUEST_AGE: Duration = Duration::from_secs(300);
 /// A delivery's ID: a redelivery with the same ID is answered with the
 /// first delivery's trigger, not stored again. (GitHub's header works too.)
 pub const DELIVERY_HEADERS: [&str; 2] = ["x-byom-delivery", "x-github-delivery"];
+
+/// Sources that are byom's own: a webhook cannot speak as them.
+pub const RESERVED_SOURCES: [&str; 3] = ["chat", "cli", "byom"];
 
 /// Longest webhook source name.
 pub const MAX_SOURCE_LEN: usize = 64;
@@ -104,11 +115,15 @@ async fn handle(
             json!({"error": format!("bad source name: 1 to {MAX_SOURCE_LEN} lower-case letters, digits, '-', '_' or '.'")}),
         );
     }
-    let sig = req
-        .headers()
-        .get(SIGNATURE_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+
+    let header = |k: &str| {
+        req.headers()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let sig = header(SIGNATURE_HEADER);
+    let ts = header(TIMESTAMP_HEADER);
     let delivery = DELIVERY_HEADERS
         .iter()
         .find_map(|h| req.headers().get(*h)?.to_str().ok())
@@ -118,16 +133,36 @@ async fn handle(
         Ok(b) => b,
         Err(too_big) => return too_big,
     };
-    if !verify(&hooks.key, &body, sig.as_deref()) {
-        return reply(
-            401,
-            json!({"error": "bad or missing X-Byom-Signature (sha256=HMAC of the body)"}),
-        );
+    let signed = match verify_stamped(
+        &hooks.key,
+        ts.as_deref(),
+        &body,
+        sig.as_deref(),
+        byom_wire::now_ms() / 1000,
+    ) {
+        Ok(signed) => signed,
+        Err(e) => return reply(401, json!({"error": e})),
+    };
+    // A source is where replies go: one named like a connector would have
+    // the bot answer on GitHub or Slack for whoever holds the webhook key.
+    // (Said only to a signed request: names are not for probing.)
+    match hooks.channels.store.get_connector(&source) {
+        Ok(None) if !RESERVED_SOURCES.contains(&source.as_str()) => {}
+        Ok(_) => {
+            return reply(
+                409,
+                json!({"error": format!("{source:?} names a connector or byom's own source: pick another webhook source")}),
+            )
+        }
+        Err(e) => return reply(503, json!({"error": e.to_string()})),
     }
-    let ev = match parse_body(&source, &body) {
+    let mut ev = match parse_body(&source, &body) {
         Ok(ev) => ev,
         Err(e) => return reply(400, json!({"error": e.to_string()})),
     };
+    // One signed request is one trigger, whatever delivery ID it comes
+    // under: what a replay would carry is exactly what was signed.
+    ev.external_id = format!("signed/{}", byom_wire::hex(&byom_wire::sha256(&signed)));
     let caller = format!("webhook:{source}");
     let claim = match hooks.idem.claim("event", &caller, &delivery, &body).await {
         Ok(Claim::New(p)) => p,
@@ -139,45 +174,141 @@ async fn handle(
         }
         Err(e) => return reply(400, json!({"error": e.to_string()})),
     };
-    match hooks.triggers.ingest(ev, Some(&claim), None).await {
-        Ok(t) => reply(
+    let opts = crate::triggers::Ingest {
+        claim: Some(&claim),
+        ..Default::default()
+    };
+    match hooks.triggers.ingest_with(ev, opts).await {
+        Ok(crate::triggers::Ingested::New(t)) => reply(
             202,
             json!({"trigger": t.id, "thread": t.thread_id, "decision": t.decision().name()}),
         ),
+        Ok(crate::triggers::Ingested::Duplicate(t)) => {
+            reply(200, json!({"trigger": t.id, "duplicate": true}))
+        }
         Err(e) => reply(503, json!({"error": e.to_string()})),
     }
 }
 
+/// Checks a generic webhook's signature over `TIMESTAMP.BODY` and the
+/// timestamp's age; the signed bytes when both hold.
+pub fn verify_stamped(
+    key: &[u8],
+    timestamp: Option<&str>,
+    body: &[u8],
+    signature: Option<&str>,
+    now_s: u64,
+) -> Result<Vec<u8>, String> {
+    let how = "sign with X-Byom-Timestamp: UNIX_SECONDS and X-Byom-Signature: sha256=HMAC-SHA256(key, TIMESTAMP.BODY)";
+    let ts = timestamp
+        .map(str::trim)
+        .ok_or_else(|| format!("missing X-Byom-Timestamp: {how}"))?;
+    let t: u64 = ts
+        .parse()
+        .map_err(|_| format!("bad X-Byom-Timestamp {ts:?}: {how}"))?;
+    if now_s.abs_diff(t) > MAX_REQUEST_AGE.as_secs() {
+        return Err(format!(
+            "X-Byom-Timestamp is more than {} s from the server's clock ({now_s}): a replay, or a clock to fix",
+            MAX_REQUEST_AGE.as_secs()
+        ));
+    }
+    let mut signed = format!("{t}.").into_bytes();
+    signed.extend_from_slice(body);
+    if !verify(key, &signed, signature) {
+        return Err(format!("bad or missing X-Byom-Signature: {how}"));
+    }
+    Ok(signed)
+}
+
+/// How the webhook port talks: TLS always offered; plain HTTP from this
+/// machine (a local proxy or script), and from others only when the
+/// operator says a proxy in front terminates TLS.
+#[derive(Clone)]
+pub struct Transport {
+    pub tls: Arc<rustls::ServerConfig>,
+    pub plain_from_anywhere: bool,
+}
+
+/// The first byte of a TLS connection (a handshake record).
+const TLS_HANDSHAKE: u8 = 0x16;
+
 /// Serves webhooks on `listener` until shutdown. Connections are admitted
-/// through `gate`: one whose request headers have not arrived yet is a
-/// stranger's, closed after HEADER_TIMEOUT and the first to go when the
-/// gate is full, so slow-header connections cannot keep real posts out.
+/// through `gate`: one that has not yet had a request accepted (signature
+/// checked) is a stranger's, with HEADER_TIMEOUT for its TLS handshake and
+/// its headers and BODY_TIMEOUT for its body, and the first to go when the
+/// gate is full, so slow handshakes, headers or bodies cannot keep real
+/// posts out.
 pub async fn serve(
     hooks: Hooks,
     listener: tokio::net::TcpListener,
+    transport: Transport,
     gate: Arc<crate::gate::Gate>,
     shutdown: CancellationToken,
 ) {
-    while let Some((tcp, _, ticket)) = crate::gate::accept(&listener, &gate, &shutdown).await {
+    let acceptor = tokio_rustls::TlsAcceptor::from(transport.tls.clone());
+    while let Some((tcp, remote, ticket)) = crate::gate::accept(&listener, &gate, &shutdown).await {
         let hooks = hooks.clone();
+        let acceptor = acceptor.clone();
+        let plain_ok = transport.plain_from_anywhere || remote.ip().is_loopback();
         tokio::spawn(async move {
             let ticket = Arc::new(ticket);
-            let t = ticket.clone();
-            let svc = hyper::service::service_fn(move |req| {
-                // Headers arrived: a client now.
-                t.established();
-                let hooks = hooks.clone();
-                async move { Ok::<_, Infallible>(handle(hooks, req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(tcp), svc);
-            tokio::select! {
-                _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn) => {}
-                _ = ticket.evicted() => {}
+            let mut first = [0u8; 1];
+            let Some(Ok(1)) = ticket.within(HEADER_TIMEOUT, tcp.peek(&mut first)).await else {
+                return;
+            };
+            if first[0] == TLS_HANDSHAKE {
+                let Some(Ok(tls)) = ticket.within(HEADER_TIMEOUT, acceptor.accept(tcp)).await
+                else {
+                    return;
+                };
+                serve_http(hooks, TokioIo::new(tls), ticket).await;
+            } else if plain_ok {
+                serve_http(hooks, TokioIo::new(tcp), ticket).await;
+            } else {
+                refuse_plain(tcp).await;
             }
         });
+    }
+}
+
+/// Plain HTTP from another machine: told to use HTTPS, nothing read.
+async fn refuse_plain(mut tcp: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body =
+        json!({"error": "this port speaks HTTPS to other machines: use https://"}).to_string();
+    let resp = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(HEADER_TIMEOUT, tcp.write_all(resp.as_bytes())).await;
+}
+
+async fn serve_http<I>(hooks: Hooks, io: TokioIo<I>, ticket: Arc<crate::gate::Ticket>)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let t = ticket.clone();
+    let svc = hyper::service::service_fn(move |req| {
+        let hooks = hooks.clone();
+        let t = t.clone();
+        async move {
+            let resp = handle(hooks, req).await;
+            // A client only once a request of its was accepted
+            // (signature checked): until then a stranger, evicted
+            // first when the gate is full, whatever its headers.
+            if resp.status().is_success() {
+                t.established();
+            }
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(io, svc);
+    tokio::select! {
+        _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn) => {}
+        _ = ticket.evicted() => {}
     }
 }
 

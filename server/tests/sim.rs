@@ -76,7 +76,7 @@ async fn crash_at_every_step_loses_nothing_and_runs_nothing_twice() {
     // deleted from the store) while crashing too.
     let base = SimConfig {
         budgets: byom_agent::Budgets {
-            router_context_tokens: 3000,
+            router_context_tokens: 1200,
             worker_context_tokens: 1500,
             ..Default::default()
         },

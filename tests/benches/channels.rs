@@ -121,13 +121,16 @@ fn inbound() {
     }
     let addr = server.webhook_addr;
     let generic = rate(addr, |i| {
-        let body =
-            json!({"thread": format!("t{}", i % 50), "user": "ci", "text": "build failed on main"})
-                .to_string();
-        let sig = webhook_sign(&key, &body);
+        // Each its own request (a repeated signed body is a replay).
+        let body = json!({"thread": format!("t{}", i % 50), "user": "ci",
+                          "text": format!("build {i} failed on main")})
+        .to_string();
+        let ts = now_s().to_string();
+        let sig = webhook_sign(&key, &format!("{ts}.{body}"));
         (
             "/hooks/ci".into(),
             vec![
+                ("X-Byom-Timestamp".into(), ts),
                 ("X-Byom-Signature".into(), sig),
                 ("X-Byom-Delivery".into(), format!("g{i}")),
             ],

@@ -900,16 +900,19 @@ pub async fn api_round_trip(c: &mut byom_api::Client, machine: &str) -> Duration
     t.elapsed()
 }
 
-/// POSTs `body` to the webhook at `addr` with an optional
-/// `X-Byom-Signature`; returns (status, response body).
-pub fn webhook_post(addr: SocketAddr, path: &str, sig: Option<&str>, body: &str) -> (u16, String) {
+/// POSTs `body` to the webhook at `addr` with optional signature headers
+/// (see [`byom_headers`]); returns (status, response body).
+pub fn webhook_post(
+    addr: SocketAddr,
+    path: &str,
+    headers: Option<&str>,
+    body: &str,
+) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let sig = sig
-        .map(|v| format!("X-Byom-Signature: {v}\r\n"))
-        .unwrap_or_default();
-    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{sig}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let headers = headers.unwrap_or_default();
+    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     let status = out
@@ -921,7 +924,25 @@ pub fn webhook_post(addr: SocketAddr, path: &str, sig: Option<&str>, body: &str)
     (status, body)
 }
 
-/// The webhook signature header value for `body` under `key`.
+/// The generic webhook's signature headers for `body` under `key`, signed
+/// at unix time `ts` (`X-Byom-Timestamp`, and `X-Byom-Signature` over
+/// `TS.BODY`), each line ending in CRLF.
+pub fn byom_headers_at(key: &[u8], ts: u64, body: &str) -> String {
+    let sig = webhook_sign(key, &format!("{ts}.{body}"));
+    format!("X-Byom-Timestamp: {ts}\r\nX-Byom-Signature: {sig}\r\n")
+}
+
+/// [`byom_headers_at`] now.
+pub fn byom_headers(key: &[u8], body: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    byom_headers_at(key, now, body)
+}
+
+/// `sha256=HEX`, the HMAC-SHA256 of `body` under `key` (GitHub's
+/// signature, and byom's over `TS.BODY`).
 pub fn webhook_sign(key: &[u8], body: &str) -> String {
     use ring::hmac;
     let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), body.as_bytes());
@@ -985,4 +1006,56 @@ pub fn server_cmd(data_dir: &Path) -> Command {
         .args(["--listen-api", "127.0.0.1:0"])
         .args(["--listen-webhook", "127.0.0.1:0"]);
     c
+}
+
+/// POSTs `body` over HTTPS to `addr` (as `server_name`), trusting only
+/// `roots_pem`; (status, response body), or the TLS error.
+pub fn https_post(
+    addr: SocketAddr,
+    server_name: &str,
+    roots_pem: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(roots_pem.as_bytes()) {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from(server_name.to_string()).map_err(|e| e.to_string())?;
+    let conn = rustls::ClientConnection::new(Arc::new(cfg), name).map_err(|e| e.to_string())?;
+    let tcp = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    write!(tls, "POST {path} HTTP/1.1\r\nHost: {server_name}\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    match tls.read_to_end(&mut out) {
+        Ok(_) => {}
+        // Peers that close without close_notify still sent their answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0);
+    Ok((
+        status,
+        out.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+    ))
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use byom_tests::provider::{Api, FakeProvider};
 use byom_tests::{
-    server_config, stderr, stdout, wait_for, webhook_post, webhook_sign, Daemon, Server,
+    byom_headers, server_config, stderr, stdout, wait_for, webhook_post, Daemon, Server,
 };
 use serde_json::Value;
 
@@ -128,14 +128,14 @@ fn chat_task_follow_up_passes_through_and_replies_keep_channel_norms() {
     let (status, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&webhook_sign(&key, body)),
+        Some(&byom_headers(&key, body)),
         body,
     );
     assert_eq!(status, 202);
     let (status, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some("sha256=00"),
+        Some("X-Byom-Signature: sha256=00\r\n"),
         body,
     );
     assert_eq!(status, 401, "a bad signature is refused and nothing stored");

@@ -5,7 +5,7 @@ use std::io::BufRead;
 use std::process::Stdio;
 use std::time::Duration;
 
-use byom_tests::{server_config, stderr, stdout, webhook_post, webhook_sign, Server};
+use byom_tests::{byom_headers, https_post, server_config, stderr, stdout, webhook_post, Server};
 
 /// Triggers from people (not the agent's own replies).
 fn people(v: &serde_json::Value) -> usize {
@@ -85,7 +85,7 @@ fn events_threads_fast_path_and_webhook() {
     let (st, reply) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&webhook_sign(&key, body)),
+        Some(&byom_headers(&key, body)),
         body,
     );
     assert_eq!(st, 202, "{reply}");
@@ -96,7 +96,7 @@ fn events_threads_fast_path_and_webhook() {
     let (st, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&webhook_sign(b"wrong key wrong key wrong key!!", body)),
+        Some(&byom_headers(b"wrong key wrong key wrong key!!", body)),
         body,
     );
     assert_eq!(st, 401);
@@ -106,14 +106,14 @@ fn events_threads_fast_path_and_webhook() {
     let (st, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&webhook_sign(&key, body)),
+        Some(&byom_headers(&key, body)),
         &tampered,
     );
     assert_eq!(st, 401);
     let (st, _) = webhook_post(
         server.webhook_addr,
         "/hooks/github",
-        Some(&webhook_sign(&key, "not json")),
+        Some(&byom_headers(&key, "not json")),
         "not json",
     );
     assert_eq!(st, 400);
@@ -230,4 +230,128 @@ fn routing_rules_change_at_runtime() {
     std::fs::write(&other, "[sources.chat]\nmode = 3\n").unwrap();
     let bad = server.byom(&["sources", "check", other.to_str().unwrap()]);
     assert!(!bad.status.success());
+}
+
+/// A non-loopback address of this machine (where another machine's
+/// packets would come from), found by asking the kernel for a route.
+fn outside_ip() -> std::net::IpAddr {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.connect("192.0.2.1:9")
+        .expect("a route to another network (for an address other machines would see)");
+    let ip = s.local_addr().unwrap().ip();
+    assert!(!ip.is_loopback(), "{ip}");
+    ip
+}
+
+/// The webhook port speaks TLS: with the server's own certificate (a
+/// client trusting the server's CA posts a signed webhook over HTTPS), or
+/// with the operator's (`--webhook-tls-cert/--webhook-tls-key`); plain
+/// HTTP is answered from this machine and refused from another address;
+/// `connectors add` prints the https:// URL to register.
+#[test]
+fn the_webhook_port_speaks_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::replica_unstarted(dir.path(), "server", None);
+    server.webhook_addr = "0.0.0.0:0".parse().unwrap();
+    server.launch();
+    let key = std::fs::read_to_string(server.data_dir.join("webhook.key")).unwrap();
+    let key = key.trim().as_bytes().to_vec();
+    let ca = std::fs::read_to_string(server.data_dir.join("admin/ca.pem")).unwrap();
+    let port = server.webhook_addr.port();
+    let local: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let outside = std::net::SocketAddr::new(outside_ip(), port);
+    let body = r#"{"thread": "tls", "user": "ci", "text": "over https"}"#;
+
+    let (st, v) = https_post(
+        local,
+        "localhost",
+        &ca,
+        "/hooks/ci",
+        &byom_headers(&key, body),
+        body,
+    )
+    .expect("TLS with the server's certificate");
+    assert_eq!(st, 202, "{v}");
+    let b2 = r#"{"thread": "tls", "user": "ci", "text": "from afar over https"}"#;
+    let (st, v) = https_post(
+        outside,
+        "localhost",
+        &ca,
+        "/hooks/ci",
+        &byom_headers(&key, b2),
+        b2,
+    )
+    .expect("TLS from another address");
+    assert_eq!(st, 202, "{v}");
+    // Plain HTTP: this machine's own scripts yes, other machines no.
+    let b3 = r#"{"thread": "tls", "user": "ci", "text": "plain and local"}"#;
+    let (st, v) = webhook_post(local, "/hooks/ci", Some(&byom_headers(&key, b3)), b3);
+    assert_eq!(st, 202, "{v}");
+    let b4 = r#"{"thread": "tls", "user": "ci", "text": "plain from afar"}"#;
+    let (st, v) = webhook_post(outside, "/hooks/ci", Some(&byom_headers(&key, b4)), b4);
+    assert_eq!(st, 400, "{v}");
+    assert!(v.contains("https://"), "{v}");
+    let texts: Vec<String> = server
+        .json(&["events", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(!texts.iter().any(|t| t == "plain from afar"), "{texts:?}");
+
+    // `connectors add` says where GitHub should post.
+    std::fs::write(dir.path().join("secret"), "s3cret").unwrap();
+    std::fs::write(dir.path().join("token"), "ghp_x").unwrap();
+    let out = server.byom(&[
+        "connectors",
+        "add",
+        "github",
+        "gh",
+        "--webhook-secret-file",
+        dir.path().join("secret").to_str().unwrap(),
+        "--token-file",
+        dir.path().join("token").to_str().unwrap(),
+        "--api-url",
+        "http://127.0.0.1:9",
+        "--bot-login",
+        "byom-bot",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(
+        said.contains(&format!(":{port}/github/gh")) && said.contains("https://"),
+        "{said}"
+    );
+    server.kill9();
+
+    // The operator's certificate, for a name peers verify.
+    let cert = rcgen::generate_simple_self_signed(vec!["hooks.example.test".to_string()]).unwrap();
+    std::fs::write(dir.path().join("hook.crt"), cert.cert.pem()).unwrap();
+    std::fs::write(
+        dir.path().join("hook.key"),
+        cert.signing_key.serialize_pem(),
+    )
+    .unwrap();
+    let mut server = Server::replica_unstarted(dir.path(), "server", None);
+    server.extra_args = vec![
+        "--webhook-tls-cert".into(),
+        dir.path().join("hook.crt").to_str().unwrap().into(),
+        "--webhook-tls-key".into(),
+        dir.path().join("hook.key").to_str().unwrap().into(),
+    ];
+    server.launch();
+    let b5 = r#"{"thread": "tls", "user": "ci", "text": "with the operator's certificate"}"#;
+    let (st, v) = https_post(
+        server.webhook_addr,
+        "hooks.example.test",
+        &cert.cert.pem(),
+        "/hooks/ci",
+        &byom_headers(&key, b5),
+        b5,
+    )
+    .expect("TLS with the operator's certificate");
+    assert_eq!(st, 202, "{v}");
+    // The server's own CA no longer vouches for the port.
+    assert!(https_post(server.webhook_addr, "localhost", &ca, "/hooks/ci", "", "{}").is_err());
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use byom_protocol::pb;
-use byom_tests::{stderr, stdout, wait_for, webhook_post, webhook_sign, Daemon, Server};
+use byom_tests::{byom_headers_at, stderr, stdout, wait_for, webhook_post, Daemon, Server};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -169,31 +169,52 @@ fn every_creating_call_answers_a_retry_with_its_first_result() {
     });
 }
 
+/// A redelivery (same ID) is stored once; so is the same signed request
+/// replayed under a new ID or none (what was signed is what it is); the
+/// same text signed again (a new timestamp) is a new event.
 #[test]
 fn a_webhook_redelivery_is_stored_once() {
     let (_dir, server, _d) = setup();
     let key = std::fs::read(server.data_dir.join("webhook.key")).unwrap();
     let key = String::from_utf8(key).unwrap();
+    let key = key.trim().as_bytes().to_vec();
     let body = r#"{"thread":"ci","user":"ci-bot","text":"build 41 failed"}"#;
-    let sig = webhook_sign(key.trim().as_bytes(), body);
-    let post = |delivery: &str| {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let signed = byom_headers_at(&key, now, body);
+    let post = |headers: &str, delivery: &str| {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(server.webhook_addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "POST /hooks/ci HTTP/1.1\r\nHost: x\r\nX-Byom-Signature: {sig}\r\nX-Byom-Delivery: {delivery}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+        write!(s, "POST /hooks/ci HTTP/1.1\r\nHost: x\r\n{headers}X-Byom-Delivery: {delivery}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
         let mut out = String::new();
         let _ = s.read_to_string(&mut out);
         out
     };
-    let first = post("d-1");
-    let again = post("d-1");
+    let first = post(&signed, "d-1");
+    let again = post(&signed, "d-1");
     assert!(first.contains(" 202 "), "{first}");
     assert!(
         again.contains(" 200 ") && again.contains("duplicate"),
         "{again}"
     );
-    let other = post("d-2");
-    assert!(other.contains(" 202 "), "{other}");
+    let replayed = post(&signed, "d-2");
+    assert!(
+        replayed.contains(" 200 ") && replayed.contains("duplicate"),
+        "the same signed request under a new ID is a replay: {replayed}"
+    );
+    let (status, _) = webhook_post(server.webhook_addr, "/hooks/ci", Some(&signed), body);
+    assert_eq!(status, 200, "and without an ID");
+    let resigned = post(&byom_headers_at(&key, now + 1, body), "d-3");
+    assert!(resigned.contains(" 202 "), "{resigned}");
+    // Signed ten minutes ago: refused, whatever it says.
+    let stale = post(&byom_headers_at(&key, now - 600, body), "d-4");
+    assert!(
+        stale.contains(" 401 ") && stale.contains("Timestamp"),
+        "{stale}"
+    );
     let events = server.json(&["events", "ls", "--limit", "100"]);
     let n = events
         .as_array()
@@ -201,10 +222,7 @@ fn a_webhook_redelivery_is_stored_once() {
         .iter()
         .filter(|t| t["text"] == "build 41 failed")
         .count();
-    assert_eq!(n, 2, "one trigger per delivery: {events}");
-    // Without a delivery ID nothing is deduplicated.
-    let (status, _) = webhook_post(server.webhook_addr, "/hooks/ci", Some(&sig), body);
-    assert_eq!(status, 202);
+    assert_eq!(n, 2, "one trigger per signed request: {events}");
 }
 
 /// A deterministic generator for the chaos schedule (xorshift64*).

@@ -13,7 +13,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use byom_tests::{webhook_post, webhook_sign, Daemon, Server};
+use byom_tests::{byom_headers, webhook_post, Daemon, Server};
 use tokio::io::AsyncWriteExt;
 
 const T: Duration = Duration::from_secs(30);
@@ -190,7 +190,7 @@ async fn a_flood_from_one_address_starves_no_one_else() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "through\n");
     // A signed webhook is accepted.
     let body = r#"{"thread": "flood", "user": "ci", "text": "build passed"}"#;
-    let sig = webhook_sign(&key, body);
+    let sig = byom_headers(&key, body);
     let addr = server.webhook_addr;
     let t = Instant::now();
     let (status, reply) =

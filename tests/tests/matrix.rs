@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use byom_tests::channels::{connect_github, matrix_room, Synapse};
+use byom_tests::channels::{connect_github, enc, matrix_room, Synapse};
 use byom_tests::{stdout, wait_for, Daemon, Server};
 use serde_json::{json, Value};
 
@@ -325,4 +325,101 @@ fn a_pr_opened_from_chat_brings_its_review_back() {
         1,
         "no second task: {tasks}"
     );
+}
+
+/// `who` reacts with `key` to `event` in `room`.
+fn react(syn: &Synapse, room: &str, who: &str, event: &str, key: &str) {
+    let txn = format!("r{}", event.len() + key.len() + who.len());
+    let (st, v) = syn.api(
+        "PUT",
+        &format!("/rooms/{}/send/m.reaction/{txn}{}", enc(room), enc(key)),
+        who,
+        Some(json!({"m.relates_to": {"rel_type": "m.annotation", "event_id": event, "key": key}})),
+    );
+    assert_eq!(st, 200, "{v}");
+}
+
+/// An approver answers byom's request with a reaction: a stranger's ✅ is
+/// refused, the approver's ✅ runs exactly the command the request shows
+/// and, on the laptop's output the stranger would read, a second ✅ posts
+/// it.
+#[test]
+fn an_approver_answers_with_a_reaction() {
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    let syn = Synapse::start(dir.path());
+    let m = matrix_room(&server, &syn, dir.path());
+    server.trust(&["approvers", "add", &format!("matrix:{}", m.ada_id)]);
+    // bob, on the same homeserver, is nobody the server trusts.
+    let (bob_id, bob) = syn.register("bob");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/rooms/{}/invite", enc(&m.room)),
+        &m.ada,
+        Some(json!({"user_id": bob_id})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/join/{}", enc(&m.room)),
+        &bob,
+        Some(json!({})),
+    );
+    assert_eq!(st, 200, "{v}");
+    syn.send(
+        &m.room,
+        &bob,
+        json!({"msgtype": "m.text", "body": "byom: please run `echo by-reaction` on lap"}),
+    );
+    let bot = |what: &str| {
+        let what = what.to_string();
+        wait_for(&format!("the bot to say {what:?}"), T, || {
+            syn.messages(&m.room, &m.ada)
+                .into_iter()
+                .filter(|e| e["sender"] == m.bot.as_str())
+                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
+        })
+    };
+    let ask = bot("echo by-reaction");
+    let body = ask["content"]["body"].as_str().unwrap().to_string();
+    assert!(body.contains("Approval needed"), "{body}");
+    let ask_id = ask["event_id"].as_str().unwrap().to_string();
+    react(&syn, &m.room, &bob, &ask_id, "✅");
+    bot("may not approve");
+    let ran = || {
+        server
+            .json(&["commands", "ls"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["shell"] == "echo by-reaction")
+    };
+    assert!(!ran(), "a stranger's reaction runs nothing");
+    react(&syn, &m.room, &m.ada, &ask_id, "✅\u{fe0f}");
+    wait_for("the approved command", T, || ran().then_some(()));
+    let post = bot("characters");
+    assert!(
+        !post["content"]["body"]
+            .as_str()
+            .unwrap()
+            .contains("by-reaction\n"),
+        "{post}"
+    );
+    react(
+        &syn,
+        &m.room,
+        &m.ada,
+        post["event_id"].as_str().unwrap(),
+        "👍",
+    );
+    wait_for("the result in the room", T, || {
+        syn.messages(&m.room, &m.ada)
+            .into_iter()
+            .filter(|e| e["sender"] == m.bot.as_str())
+            .map(|e| e["content"]["body"].as_str().unwrap_or("").to_string())
+            .find(|b| {
+                b.contains("by-reaction")
+                    && !b.contains("Approval needed")
+                    && !b.contains("Approved by")
+            })
+    });
 }

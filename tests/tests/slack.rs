@@ -203,8 +203,13 @@ fn slack_events_in_replies_out() {
     assert_eq!(st, 401);
     let (st, v) = signed(&server, &ask, now_s() - 600);
     assert_eq!(st, 401, "a request from ten minutes ago is a replay: {v}");
-    let (st, _) = post_hook(server.webhook_addr, "/slack/nope/events", &[], &ask);
-    assert_eq!(st, 404);
+    let (st, bad_sig) = post_hook(server.webhook_addr, "/slack/acme/events", &[], &ask);
+    let (st2, unknown) = post_hook(server.webhook_addr, "/slack/nope/events", &[], &ask);
+    assert_eq!(
+        (st, st2, &bad_sig),
+        (401, 401, &unknown),
+        "an unknown connector answers as a bad signature does: names cannot be probed"
+    );
     assert!(server
         .json(&["events", "ls"])
         .as_array()

@@ -21,14 +21,19 @@ impl Core {
     /// Whether `by` may answer approval `apr`; the error names who may.
     /// An unreadable trust configuration refuses (fail closed).
     fn check_approver(&self, world: &dyn World, apr: &Approval, by: &str) -> Result<(), String> {
-        let trust: Trust = world.trust();
+        let trust: Trust = self
+            .got(world.trust())
+            .ok_or("who may approve cannot be read now")?;
         let labels = if apr.machine.is_empty() {
             None
         } else {
-            world
-                .machines_for(&apr.machine, &BTreeMap::new())
-                .first()
-                .map(|m| m.labels.clone())
+            // Unreadable: the approvers for every machine, the fewest.
+            self.read(
+                world.machines_for(&apr.machine, &BTreeMap::new()),
+                Vec::new(),
+            )
+            .first()
+            .map(|m| m.labels.clone())
         };
         if trust.may_approve(by, labels.as_ref()) {
             return Ok(());
@@ -225,6 +230,7 @@ impl Core {
             t.user_name.clone()
         };
         let verb = if ans.approve { "approved" } else { "denied" };
+        let kind = a.as_ref().map(|a| a.kind).unwrap_or_default();
         let outcome = match a {
             None => Err(format!(
                 "there is no request with code {}; nothing was approved or denied",
@@ -261,10 +267,17 @@ impl Core {
         let (fate, text) = match outcome {
             Ok(apr) => (
                 format!("{verb} {apr} (by {})", t.user),
-                if ans.approve {
-                    format!("Approved by {who} ({apr}); running exactly what was asked.")
-                } else {
-                    format!("Denied by {who} ({apr}); that step will not run.")
+                match (ans.approve, kind) {
+                    (true, ApprovalKind::Message) => {
+                        format!("Approved by {who} ({apr}); posting exactly what was shown.")
+                    }
+                    (false, ApprovalKind::Message) => {
+                        format!("Denied by {who} ({apr}); it will not be posted.")
+                    }
+                    (true, _) => {
+                        format!("Approved by {who} ({apr}); running exactly what was asked.")
+                    }
+                    (false, _) => format!("Denied by {who} ({apr}); that step will not run."),
                 },
             ),
             Err(e) => (
@@ -273,7 +286,11 @@ impl Core {
             ),
         };
         self.fate(&t.id, fate);
-        if let Ok(r) = self.reply(world, &t.thread, &text, "approval") {
+        if let Ok(mut r) = self.reply(world, &t.thread, &text, "approval") {
+            // It names its author (a display name they chose).
+            if !t.trusted {
+                r.untrusted = Some(format!("answers {}: {}", t.id, t.trust));
+            }
             self.out.push(Effect::Reply(r));
         }
     }

@@ -19,8 +19,13 @@ use super::{push_bounded, Core};
 use crate::approval;
 use crate::event::{Effect, Reply, RouterItem, TriggerInfo};
 use crate::state::{Approval, ApprovalKind, ApprovalState, Flags};
+use crate::trust::Trust;
 use crate::world::{MachineInfo, World};
 use byom_protocol::id::Kind;
+
+/// Threads a worker's work may come from (its task's, and those where
+/// someone trusted addressed it since).
+const MAX_OWN_THREADS: usize = 64;
 
 /// Characters that make a command more than one program with plain
 /// arguments. Only such a plain command can be read-only here; the
@@ -43,6 +48,109 @@ pub fn read_only(command: &str, declared: &[String]) -> bool {
         let want: Vec<&str> = d.split_whitespace().collect();
         !want.is_empty() && words.len() >= want.len() && words[..want.len()] == want[..]
     })
+}
+
+/// Programs whose output is, by their nature, text from elsewhere: what
+/// they print may be anyone's words.
+const FETCHERS: &[&str] = &[
+    "curl", "wget", "gh", "glab", "hub", "http", "https", "xh", "httpie", "aria2c", "lynx", "w3m",
+    "links", "elinks", "nc", "ncat", "netcat", "socat", "telnet", "ssh", "ftp", "sftp", "scp",
+    "rsync", "dig", "nslookup", "whois", "kubectl", "aws", "gcloud", "gsutil", "az",
+];
+/// Programs whose subcommands fetch: (program, subcommands).
+const SUB_FETCHES: &[(&str, &[&str])] = &[
+    ("git", &["fetch", "pull", "clone", "ls-remote", "submodule"]),
+    ("npm", &["view", "info", "show"]),
+    ("pip", &["download", "index"]),
+    ("pip3", &["download", "index"]),
+    ("docker", &["pull", "logs"]),
+    ("podman", &["pull", "logs"]),
+];
+/// Words in scripts (`python3 -c …`, `node -e …`, `perl -e …`) that
+/// reach the network.
+const SCRIPT_FETCHES: &[&str] = &[
+    "urllib",
+    "urlopen",
+    "http.client",
+    "requests.get",
+    "requests.post",
+    "fetch",
+    "lwp",
+    "net::http",
+    "socket",
+    "websocket",
+];
+
+/// Programs that run another program given after them (and their own
+/// options), skipped to find the one that runs.
+const WRAPPERS: &[&str] = &[
+    "sudo", "env", "xargs", "time", "nice", "nohup", "command", "exec", "stdbuf", "timeout",
+    "ionice", "doas", "then", "do", "else", "if", "while", "until", "!",
+];
+/// Interpreters whose inline scripts are read for [`SCRIPT_FETCHES`].
+const INTERPRETERS: &[&str] = &[
+    "python", "python3", "node", "perl", "ruby", "php", "deno", "bun", "sh", "bash", "zsh",
+];
+
+/// The programs `command` runs, each with the words after it: the first
+/// word of every part a shell would run on its own (split at `;`, `|`,
+/// `&`, `(`, `)`, `$`, backticks, braces and newlines), past variable
+/// assignments and wrappers like `sudo` or `xargs`, as a base name.
+fn programs(command: &str) -> Vec<(String, Vec<String>)> {
+    let bare: String = command
+        .chars()
+        .filter(|c| !matches!(c, '"' | '\'' | '\\'))
+        .collect();
+    let mut out = Vec::new();
+    for part in bare.split(|c: char| ";|&()`\n{}$".contains(c)) {
+        let words: Vec<&str> = part.split_whitespace().collect();
+        let mut i = 0;
+        while i < words.len() {
+            let w = words[i];
+            let base = w.rsplit('/').next().unwrap_or(w);
+            let skip = (w.contains('=') && !w.starts_with('-'))
+                || WRAPPERS.contains(&base)
+                || w.starts_with('-')
+                || base
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || c == '.' || c == 's');
+            if !skip {
+                let rest = words[i + 1..].iter().map(|x| x.to_string()).collect();
+                out.push((base.to_string(), rest));
+                break;
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Whether `command`'s output comes from the network by its nature, and
+/// the program that says so. Quotes and escapes are dropped before the
+/// command is read, and every program it runs counts (`xargs curl`,
+/// `$(curl …)`, `python3 -c '…urlopen…'`): this reads what a trusted
+/// model wrote, not an attacker's disguise (whose model is tainted
+/// already), and a false positive costs an approval, never a leak.
+pub fn fetches(command: &str) -> Option<String> {
+    for (program, rest) in programs(command) {
+        if FETCHERS.contains(&program.as_str()) {
+            return Some(program);
+        }
+        for (p, subs) in SUB_FETCHES {
+            if program == *p {
+                if let Some(sub) = rest.iter().find(|w| subs.contains(&w.as_str())) {
+                    return Some(format!("{program} {sub}"));
+                }
+            }
+        }
+        if INTERPRETERS.contains(&program.as_str()) {
+            let script = rest.join(" ").to_lowercase();
+            if let Some(w) = SCRIPT_FETCHES.iter().find(|w| script.contains(*w)) {
+                return Some(format!("{program} using {w}"));
+            }
+        }
+    }
+    None
 }
 
 /// What running `command` on these machines adds: B when one of them is
@@ -69,12 +177,16 @@ pub fn command_flags(cmd: &str, command: &str, machines: &[MachineInfo], target:
 
 impl Core {
     /// The worker took in a message: untrusted text taints it.
+    /// Someone trusted who speaks to it on a thread it watches makes that
+    /// thread one its work comes from too: its answer goes back there.
     pub(super) fn take_in(&mut self, worker: &str, t: &TriggerInfo, how: &str) {
-        if t.trusted {
+        let Some(w) = self.records.live_worker_mut(worker) else {
             return;
-        }
-        if let Some(w) = self.records.live_worker_mut(worker) {
+        };
+        if !t.trusted {
             w.flags.add_untrusted(&t.id, &format!("{how}: {}", t.trust));
+        } else if !w.own_threads.contains(&t.thread) && w.own_threads.len() < MAX_OWN_THREADS {
+            w.own_threads.push(t.thread.clone());
         }
     }
 
@@ -91,18 +203,49 @@ impl Core {
     /// What reading `obj` brings (see [`Core::read_object`]).
     pub(super) fn object_flags(&self, world: &dyn World, obj: &str) -> Flags {
         let mut f = Flags::default();
-        if let Some(why) = world.untrusted(obj) {
+        let unknown = Some(format!("{obj} could not be read"));
+        if let Some(why) = self.read(world.untrusted(obj), unknown) {
             f.add_untrusted(obj, &format!("recalled: {why}"));
         }
-        if let Some(o) = self.records.worker(obj) {
+        let in_memory = if let Some(o) = self.records.worker(obj) {
             inherit(&mut f, &o.flags, obj, "the record of");
-        }
-        // A request's text is its worker's words.
-        if let Some(a) = self.records.approvals().get(obj) {
+            true
+        } else if let Some(a) = self.records.approvals().get(obj) {
+            // A request's text is its worker's words.
             inherit(&mut f, &a.flags, obj, "the request");
+            true
+        } else {
+            false
+        };
+        // An ended worker or a settled request lives on in the store only:
+        // its flags come with it from there. A record whose flags cannot
+        // be read is taken to hold both.
+        let recorded = [Kind::Worker, Kind::Approval]
+            .iter()
+            .any(|k| obj.starts_with(k.prefix()));
+        if recorded && !in_memory {
+            if let Some(text) = self.read(world.lookup(obj), Some(String::new())) {
+                let stored = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .and_then(|v| serde_json::from_value::<Flags>(v["flags"].clone()).ok());
+                match stored {
+                    Some(s) => inherit(&mut f, &s, obj, "the stored record of"),
+                    None => {
+                        f.add_untrusted(obj, "a stored record whose flags cannot be read");
+                        f.add_sensitive(obj, "a stored record whose flags cannot be read");
+                    }
+                }
+            }
         }
         if obj.starts_with(Kind::Command.prefix()) {
             f.add_sensitive(obj, "recalled a command's output");
+        }
+        // A thread's history may hold byom's own posts of a machine's data.
+        if obj.starts_with(Kind::Thread.prefix()) {
+            f.add_sensitive(
+                obj,
+                "recalled a thread, which may hold byom's posts of private data",
+            );
         }
         f
     }
@@ -158,12 +301,18 @@ impl Core {
 
     /// The machines a command of `worker` on `machine` (or its labels)
     /// could reach.
+    /// Unreadable: one unknown machine, which is sensitive.
     fn reach(
+        &self,
         world: &dyn World,
         machine: &str,
         labels: &BTreeMap<String, String>,
     ) -> Vec<MachineInfo> {
-        world.machines_for(machine, labels)
+        let unknown = MachineInfo {
+            name: machine.to_string(),
+            ..MachineInfo::default()
+        };
+        self.read(world.machines_for(machine, labels), vec![unknown])
     }
 
     /// Gate for a command: `None` when it may start now (its flags are
@@ -177,7 +326,7 @@ impl Core {
         command: &str,
     ) -> Option<String> {
         let w = self.records.worker(id)?;
-        let reach = Core::reach(world, machine, &w.labels);
+        let reach = self.reach(world, machine, &w.labels);
         let target = if machine.is_empty() {
             label_text(&w.labels)
         } else {
@@ -206,16 +355,20 @@ impl Core {
         ))
     }
 
-    /// Gate for a reply on `r.thread`. A worker that reported in this turn
-    /// and whose task did not come from that thread speaks there when its
-    /// report names the thread, when it bounced a message there, or when
-    /// someone untrusted spoke there this turn: that is communicating
-    /// elsewhere (C), so a worker holding A and B needs an approver's yes,
-    /// whether or not someone also spoke on that thread (a stranger's
-    /// message, or a trigger a worker bounced there, must not open a way
-    /// out). Workers that ended before the Router acted speak
-    /// through the flags their report carried. `Ok(None)`: post now;
-    /// `Ok(Some(apr))`: held.
+    /// Gate for a reply on `r.thread`, for every worker that reported in
+    /// this turn (what the reply may carry):
+    /// - on a thread that is not its task's own, when its report names
+    ///   the thread, it bounced a message there, someone untrusted spoke
+    ///   there this turn, or nobody asked anything there this turn:
+    ///   posting is communicating (C). A worker holding A and B, or
+    ///   holding either one (a stranger's words; a personal machine's
+    ///   data or a secret) where the owner's `post_to` does not open the
+    ///   thread, waits for an approver's yes;
+    /// - on its task's own thread, holding B where someone untrusted
+    ///   speaks (a public issue a stranger commented on): likewise.
+    ///
+    /// Workers that ended before the Router acted speak through the flags
+    /// their report carried. `Ok(None)`: post now; `Ok(Some(apr))`: held.
     pub(super) fn gate_reply(
         &mut self,
         world: &mut dyn World,
@@ -251,6 +404,25 @@ impl Core {
                 }
             }
         }
+        // Someone untrusted speaks on the thread (unreadable: they might).
+        let strangers = self
+            .read(
+                world.untrusted(&r.thread),
+                Some("it could not be read".into()),
+            )
+            .or_else(|| {
+                items.iter().find_map(|it| match it {
+                    RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. }
+                        if t.thread == r.thread && !t.trusted =>
+                    {
+                        Some(format!("{}: {}", t.id, t.trust))
+                    }
+                    _ => None,
+                })
+            });
+        let open = self
+            .read(world.thread(&r.thread), None)
+            .is_some_and(|t| t.open);
         let mut speakers = Vec::new();
         let mut answers_here = false;
         for (w, reported, own, here) in reporters {
@@ -268,13 +440,20 @@ impl Core {
             flags.absorb(&reported);
             if own.contains(&r.thread) {
                 // Its report, on its task's own thread: the answer to the
-                // people who asked.
-                answers_here |= here;
+                // people who asked, unless private data would reach
+                // someone untrusted there.
+                match &strangers {
+                    Some(who) if flags.b() => {
+                        let why = format!("posts a personal machine's data or a secret where someone untrusted speaks ({who})");
+                        speakers.push((w, flags, machine, wlabels, here, why));
+                    }
+                    _ => answers_here |= here,
+                }
                 continue;
             }
             // What it reported may go where its report names, where it
-            // bounced a message to, or to people on a thread with someone
-            // untrusted in this turn.
+            // bounced a message to, to people on a thread with someone
+            // untrusted in this turn, or where nobody asked for anything.
             let bounced_here = items.iter().any(|it| {
                 matches!(it, RouterItem::Bounced { worker, trigger, .. }
                     if *worker == w && trigger.thread == r.thread)
@@ -283,16 +462,46 @@ impl Core {
                 matches!(it, RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. }
                     if t.thread == r.thread && !t.trusted)
             });
-            if here || bounced_here || strangers_here {
-                speakers.push((w, flags, machine, wlabels, here));
+            if here || bounced_here || strangers_here || !conversation {
+                let why = "posts on a thread that is not its task's own".to_string();
+                speakers.push((w, flags, machine, wlabels, here, why));
             }
+        }
+        // What the Router read this turn (a report, a recalled record) may
+        // be private: not for a thread where someone untrusted speaks
+        // without a yes, whoever asked there and whoever else speaks.
+        let f = self.turn_flags();
+        if let (true, false, Some(who)) = (f.b(), open, &strangers) {
+            let mut after = f.clone();
+            after.add_acts(
+                &r.thread,
+                &format!("the Router posts where someone untrusted speaks ({who}) in a turn that read private data"),
+            );
+            let worker = after
+                .sensitive
+                .iter()
+                .map(|c| c.object.clone())
+                .find(|o| o.starts_with(Kind::Worker.prefix()))
+                .unwrap_or_else(|| "router".to_string());
+            let apr = self.ask(
+                world,
+                &worker,
+                ApprovalKind::Message,
+                "",
+                None,
+                &format!("post on {}", r.thread),
+                &approval::post_action(r),
+                after,
+                "",
+                Some(r.clone()),
+            );
+            return Ok(Some(apr));
         }
         if speakers.is_empty() {
             if conversation || answers_here {
                 return Ok(None);
             }
             // Only the Router's own unprompted post (an open thread).
-            let f = self.turn_flags();
             if f.a() && f.b() {
                 return Err(format!(
                     "posting on {} unprompted while this turn holds untrusted input and private data needs a person ({}); reply where the work came from",
@@ -302,11 +511,20 @@ impl Core {
             }
             return Ok(None);
         }
-        for (w, flags, machine, wlabels, here) in speakers {
+        for (w, flags, machine, wlabels, here, why) in speakers {
+            let own_thread = why.starts_with("posts a personal");
             let mut after = flags;
-            after.add_acts(&r.thread, "posts on a thread that is not its task's own");
-            if after.all_three() {
-                let labels = Core::reach(world, &machine, &wlabels)
+            after.add_acts(&r.thread, &why);
+            // Private data leaves only where the owner opened the thread
+            // (`post_to`), and never to someone untrusted, without a yes.
+            // (The owner's `post_to` opening the thread is their yes.)
+            let private_out = after.b() && !open;
+            // Nor do a stranger's words go out as the bot where nobody
+            // asked and the owner opened nothing.
+            let steered_out = !own_thread && after.a() && !open;
+            if after.all_three() || private_out || steered_out {
+                let labels = self
+                    .reach(world, &machine, &wlabels)
                     .first()
                     .map(|m| m.labels.clone());
                 let apr = self.ask(
@@ -315,7 +533,7 @@ impl Core {
                     ApprovalKind::Message,
                     &machine,
                     labels.as_ref(),
-                    &format!("post on {} (not its task's own thread)", r.thread),
+                    &format!("post on {}", r.thread),
                     &approval::post_action(r),
                     after,
                     "",
@@ -331,7 +549,10 @@ impl Core {
         }
         Ok(None)
     }
+}
 
+/// Requests: written and posted by the core alone.
+impl Core {
     /// Opens an approval request, written here and never by the Router:
     /// the exact `action`, where, why, who may answer and the code an
     /// answer must name. The core posts it on the worker's thread itself
@@ -384,15 +605,48 @@ impl Core {
                         _ => None,
                     })
             })
+            // The Router's own post: asked where it would go (the request
+            // there shows no private text).
+            .or_else(|| reply.as_ref().map(|r| r.thread.clone()))
             .unwrap_or_default();
-        let approvers = world.trust().approvers_for(labels);
-        let why = if flags.all_three() {
-            flags.explain()
-        } else {
+        // Unreadable: admins, as the closed configuration has it (the step
+        // is void anyway and asks nobody).
+        let approvers = self
+            .read(world.trust(), Trust::closed())
+            .approvers_for(labels);
+        let why = if kind == ApprovalKind::Question {
             "a program asks a person".to_string()
+        } else {
+            // The rest is on the record (`byom show`).
+            flags.summary(3)
+        };
+        // A request is a post too. Where someone untrusted (or someone the
+        // core cannot vouch for) reads it, it says how much and where to
+        // read it, not what, when what could be private: a held post, or
+        // a command or question written by a worker that already held a
+        // personal machine's data or a secret (it could spell them out).
+        let private = match kind {
+            ApprovalKind::Message => true,
+            _ => self.records.worker(worker).is_none_or(|w| w.flags.b()),
+        };
+        let hide = private
+            && self
+                .read(world.untrusted(&thread), Some(String::new()))
+                .is_some();
+        let shown = match (hide, &reply) {
+            (false, _) => action.to_string(),
+            (true, Some(r)) => format!(
+                "post {} characters on {} (not shown here, where someone untrusted reads: `byom show {apr}` shows them)",
+                r.text.chars().count(),
+                r.thread
+            ),
+            (true, None) => format!(
+                "{} characters (not shown here, where someone untrusted reads: `byom show {apr}` shows them)",
+                action.chars().count()
+            ),
         };
         let question =
-            approval::request_text(&apr, &code, worker, what, action, machine, &why, &approvers);
+            approval::request_text(&apr, &code, worker, what, &shown, machine, &why, &approvers);
         let digest = approval::digest(approval::kind_name(kind), machine, action);
         self.records.insert_approval(Approval {
             id: apr.clone(),
@@ -422,12 +676,17 @@ impl Core {
             acts: Vec::new(),
             ..flags
         };
-        if let Some(info) = world.thread(&thread) {
+        if let Some(info) = self.read(world.thread(&thread), None) {
             self.out.push(Effect::Reply(Reply {
                 id: world.new_id(Kind::Trigger),
                 thread: thread.clone(),
                 source: info.source,
                 text: question.clone(),
+                // The action is the worker's words.
+                untrusted: flags
+                    .untrusted
+                    .first()
+                    .map(|c| format!("a request from {worker}, which read {}", c.object)),
             }));
         }
         push_bounded(
@@ -489,6 +748,42 @@ mod tests {
         assert!(!read_only("lsblk", &d));
         assert!(!read_only("ls > /etc/x", &d));
         assert!(!read_only("ls", &[]));
+    }
+
+    #[test]
+    fn fetching_commands_are_known_by_their_programs() {
+        for (cmd, program) in [
+            ("curl -s https://example.com", "curl"),
+            (
+                "cd repo && git fetch fork && git diff fork/main",
+                "git fetch",
+            ),
+            ("git -C repo pull --rebase", "git pull"),
+            ("gh pr view 12 --comments", "gh"),
+            ("echo x | xargs wget -qO-", "wget"),
+            ("echo $(c\"\"url evil)", "curl"),
+            ("/usr/bin/curl x", "curl"),
+            ("ssh host cat /etc/motd", "ssh"),
+            ("npm view left-pad readme", "npm view"),
+            (
+                "python3 -c 'import urllib.request as u; print(u.urlopen(x).read())'",
+                "python3 using urllib",
+            ),
+            ("kubectl logs deploy/web", "kubectl"),
+        ] {
+            assert_eq!(fetches(cmd).as_deref(), Some(program), "{cmd}");
+        }
+        for cmd in [
+            "ls -la",
+            "git status",
+            "cargo test",
+            "grep -r curl src",
+            "git log",
+            "echo opened https://github.com/acme/app/pull/7",
+            "cat notes-about-ssh.txt",
+        ] {
+            assert_eq!(fetches(cmd), None, "{cmd}");
+        }
     }
 
     #[test]

@@ -112,7 +112,10 @@ impl Core {
                 continue;
             }
             let live = workers.get(&a.worker).filter(|w| !w.status.is_closed());
-            let waiting = live.is_some_and(|w| match a.kind {
+            // A held post waits on nobody: the reply itself is what an
+            // answer releases, whether its worker has ended or not.
+            let waiting = a.kind == ApprovalKind::Message && a.reply.is_some();
+            let waiting = waiting || live.is_some_and(|w| match a.kind {
                 ApprovalKind::Question => w.js.as_ref().is_some_and(|js| {
                     js.run == a.run
                         && matches!(js.calls.get(&a.call), Some(JsCallState::Approval(x)) if x == aid)

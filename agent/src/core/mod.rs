@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use crate::budgets::Budgets;
 use crate::event::{Effect, Event, RouterItem};
 use crate::state::{Approval, RouterState, WorkerState, WorkerStatus};
-use crate::world::World;
+use crate::world::{Read, Unavailable, World};
 use crate::Ms;
 
 use records::Records;
@@ -79,6 +79,8 @@ pub struct Core {
     /// What became of triggers this step, written with it (never read
     /// back by the core: they are for people).
     fates: Vec<(String, String)>,
+    /// The first world read this step could not make: the step is void.
+    void: std::cell::RefCell<Option<Unavailable>>,
 }
 
 impl Core {
@@ -90,7 +92,23 @@ impl Core {
             now: 0,
             pass_through: true,
             fates: Vec::new(),
+            void: std::cell::RefCell::new(None),
         }
+    }
+
+    /// A world read's value; when it failed, `closed` (what denies: the
+    /// step goes on deciding nothing it could regret) and the step is void.
+    pub(super) fn read<T>(&self, r: Read<T>, closed: T) -> T {
+        r.unwrap_or_else(|e| {
+            self.void.borrow_mut().get_or_insert(e);
+            closed
+        })
+    }
+
+    /// A world read's value, or `None` (and the step void) when it failed:
+    /// for callers that stop there.
+    pub(super) fn got<T>(&self, r: Read<T>) -> Option<T> {
+        self.read(r.map(Some), None)
     }
 
     /// Records what became of `trigger`; the first word stands.
@@ -122,9 +140,13 @@ impl Core {
     }
 
     /// Applies one event and returns the effects the shell must carry out,
-    /// in order (the outbox, drained).
-    pub fn handle(&mut self, world: &mut dyn World, ev: Event) -> Vec<Effect> {
+    /// in order (the outbox, drained). When a read of the world failed the
+    /// step is void: no effects, and the records in memory are not to be
+    /// trusted; the caller writes nothing, rebuilds the core from the
+    /// store and offers the event again (as after a failed commit).
+    pub fn handle(&mut self, world: &mut dyn World, ev: Event) -> Result<Vec<Effect>, Unavailable> {
         self.now = world.now();
+        self.void.borrow_mut().take();
         match ev {
             Event::Trigger(t) => self.on_trigger(world, t),
             Event::ModelDone {
@@ -173,7 +195,14 @@ impl Core {
             Event::Tick => self.tick(world),
         }
         self.pump(world);
-        std::mem::take(&mut self.out)
+        let out = std::mem::take(&mut self.out);
+        match self.void.borrow_mut().take() {
+            None => Ok(out),
+            Some(e) => {
+                self.fates.clear();
+                Err(e)
+            }
+        }
     }
 
     /// Starts every turn that can start: each worker's if it has input and

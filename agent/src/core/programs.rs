@@ -139,8 +139,8 @@ impl Core {
                     Some(w) => (w.machine.clone(), w.labels.clone(), w.flags.clone()),
                     None => return,
                 };
-                let labels = world
-                    .machines_for(&machine, &labels)
+                let labels = self
+                    .read(world.machines_for(&machine, &labels), Vec::new())
                     .first()
                     .map(|m| m.labels.clone());
                 let apr = self.ask(

@@ -19,7 +19,8 @@ impl Core {
         } else if let Some(a) = self.records.approvals().get(id) {
             serde_json::to_string_pretty(a).unwrap_or_default()
         } else {
-            world.lookup(id).ok_or_else(|| format!("no object {id}"))?
+            self.read(world.lookup(id), None)
+                .ok_or_else(|| format!("no object {id}"))?
         };
         let page = self.budgets.recall_chars;
         let rest: String = full.chars().skip(offset).collect();

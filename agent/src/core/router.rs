@@ -57,7 +57,9 @@ impl Core {
         let line = markup::trigger(&t, self.budgets.trigger_chars);
         // The owner's policies reach the worker too: the Router does not
         // see this trigger before it acts.
-        let policies = world.policies();
+        let Some(policies) = self.got(world.policies()) else {
+            return;
+        };
         for w in &subs {
             let changed = self
                 .records
@@ -82,8 +84,11 @@ impl Core {
     }
 
     pub(super) fn start_router_turn(&mut self, world: &mut dyn World) {
-        let policies = world.policies();
-        let machines = world.machines();
+        let (Some(policies), Some(machines)) =
+            (self.got(world.policies()), self.got(world.machines()))
+        else {
+            return;
+        };
         let approvals: String = self
             .records
             .approvals()
@@ -268,6 +273,14 @@ impl Core {
                     })
                     .unwrap_or_default();
                 let subscribe = a.get("subscribe").and_then(Value::as_bool).unwrap_or(true);
+                // A task's threads are where its work came from: where its
+                // requests and results go without asking anyone.
+                let asked = self.asked_threads();
+                if let Some(t) = threads.iter().find(|t| !asked.contains(t)) {
+                    return Err(format!(
+                        "{t} is not a thread someone asked on in this turn; a worker's threads are where its task came from (it may `watch` others)"
+                    ));
+                }
                 self.room_for_worker()?;
                 let id = self.new_worker(world, None, task, threads.clone(), machine, labels);
                 for trg in self.turn_triggers_on(&threads) {
@@ -302,7 +315,14 @@ impl Core {
                         text.push_str(&format!("\n\n{STRUCTURE_MARK}{heading}\n{}", part.trim()));
                     }
                 }
-                let r = self.reply(world, &thread, &text, status)?;
+                let mut r = self.reply(world, &thread, &text, status)?;
+                r.untrusted = self.turn_taint();
+                // Nor tell people what to approve: all of what would be
+                // posted (headings, parts, status) is checked, folded the
+                // way a reader would read it.
+                if let Some(why) = self.forges_a_request(&r.text) {
+                    return Err(why);
+                }
                 let id = r.id.clone();
                 if let Some(apr) = self.gate_reply(world, &r)? {
                     return Ok(format!(
@@ -430,28 +450,6 @@ impl Core {
         }
     }
 
-    /// A reply goes where the work came from: a thread of this turn's
-    /// items (a trigger, a reporting worker's threads, a question) or one
-    /// its connector opens to unprompted posts.
-    fn may_post(&self, world: &dyn World, thread: &str) -> Result<(), String> {
-        let info = world
-            .thread(thread)
-            .ok_or_else(|| format!("no thread {thread}; reply on a thread from an event"))?;
-        let in_turn = self.records.router().turn_items.iter().any(|it| match it {
-            RouterItem::Trigger(t) => t.thread == thread,
-            RouterItem::Bounced { trigger, .. } => trigger.thread == thread,
-            RouterItem::Report { threads, .. } => threads.iter().any(|t| t == thread),
-            RouterItem::Question { thread: t, .. } => t == thread,
-        });
-        if in_turn || info.open {
-            return Ok(());
-        }
-        Err(format!(
-            "{thread} ({}) is not a thread of this turn and its connector does not allow unprompted posts there; reply where the work came from",
-            info.source
-        ))
-    }
-
     /// A reply, shaped by its channel's norms: chat gets at most
     /// `chat_reply_words` words (enforced here, not asked for); other
     /// channels get a structured message.
@@ -462,8 +460,8 @@ impl Core {
         text: &str,
         status: &str,
     ) -> Result<Reply, String> {
-        let info = world
-            .thread(thread)
+        let info = self
+            .read(world.thread(thread), None)
             .ok_or_else(|| format!("no thread {thread}; reply on a thread from an event"))?;
         let source = info.source.clone();
         let text = prompt::spill(text, MAX_REPLY_CHARS, thread);
@@ -500,6 +498,86 @@ impl Core {
             thread: thread.to_string(),
             source,
             text,
+            untrusted: None,
+        })
+    }
+}
+
+impl Core {
+    /// A reply goes where the work came from: a thread of this turn's
+    /// items (a trigger, a reporting worker's threads, a question) or one
+    /// its connector opens to unprompted posts.
+    fn may_post(&self, world: &dyn World, thread: &str) -> Result<(), String> {
+        let info = self
+            .read(world.thread(thread), None)
+            .ok_or_else(|| format!("no thread {thread}; reply on a thread from an event"))?;
+        let in_turn = self.records.router().turn_items.iter().any(|it| match it {
+            RouterItem::Trigger(t) => t.thread == thread,
+            RouterItem::Bounced { trigger, .. } => trigger.thread == thread,
+            RouterItem::Report { threads, .. } => threads.iter().any(|t| t == thread),
+            RouterItem::Question { thread: t, .. } => t == thread,
+        });
+        if in_turn || info.open {
+            return Ok(());
+        }
+        Err(format!(
+            "{thread} ({}) is not a thread of this turn and its connector does not allow unprompted posts there; reply where the work came from",
+            info.source
+        ))
+    }
+
+    /// Threads someone asked on in this turn: a new worker's may only be
+    /// these (where its task came from, not what it watched).
+    fn asked_threads(&self) -> Vec<String> {
+        self.records
+            .router()
+            .turn_items
+            .iter()
+            .flat_map(|it| match it {
+                RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. } => {
+                    vec![t.thread.clone()]
+                }
+                RouterItem::Question { thread, .. } => vec![thread.clone()],
+                RouterItem::Report { own_threads, .. } => own_threads.clone(),
+            })
+            .collect()
+    }
+
+    /// Why what the Router writes this turn may carry someone untrusted's
+    /// words (`None`: it read none).
+    fn turn_taint(&self) -> Option<String> {
+        self.turn_flags()
+            .untrusted
+            .first()
+            .map(|c| format!("written in a Router turn that read {}", c.object))
+    }
+
+    /// Why `text` may not be posted by the model: it reads as a request
+    /// ("Approval needed", whatever the spacing or look-alike letters) or
+    /// names the code of an open one (an approver must read that code
+    /// only in byom's own request, never in words a model chose).
+    fn forges_a_request(&self, text: &str) -> Option<String> {
+        let folded: String = text
+            .chars()
+            .filter_map(|c| {
+                let c = crate::approval::fold(c);
+                c.is_ascii_alphanumeric().then(|| c.to_ascii_lowercase())
+            })
+            .collect();
+        if folded.contains("approvalneeded") {
+            return Some("byom posts approval requests itself; do not write one (say that a request is waiting, if you must)".into());
+        }
+        let open = self
+            .records
+            .approvals()
+            .values()
+            .filter(|a| a.state == ApprovalState::Open && !a.code.is_empty())
+            .find(|a| folded.contains(&a.code.to_ascii_lowercase()));
+        open.map(|a| {
+            format!(
+                "that names the code of {} ({}); only byom's own request may show it: say a request is waiting and let people read it there",
+                a.id, a.code
+            )
         })
     }
 }
@@ -545,23 +623,34 @@ impl Core {
         let f = self.turn_flags();
         let r = self.records.router_mut();
         r.turn_items.clear();
-        if !f.a() {
+        if !f.a() && !f.b() {
             return;
         }
         let (start, len) = (r.turn_start, r.conversation.len());
         if start < len && r.conversation.messages().len() == len {
             r.conversation.drain(start..len);
         }
-        let causes: Vec<String> = f
-            .untrusted
-            .iter()
-            .take(5)
-            .map(|c| c.object.clone())
-            .collect();
+        let causes = |list: &[crate::flags::Cause]| -> String {
+            let mut ids: Vec<String> = list.iter().map(|c| c.object.clone()).collect();
+            ids.dedup();
+            ids.truncate(5);
+            ids.join(", ")
+        };
+        let what = match (f.a(), f.b()) {
+            (true, true) => format!(
+                "untrusted input ({}) and a personal machine's data or a secret ({})",
+                causes(&f.untrusted),
+                causes(&f.sensitive)
+            ),
+            (true, false) => format!("untrusted input ({})", causes(&f.untrusted)),
+            _ => format!(
+                "a personal machine's data or a secret ({})",
+                causes(&f.sensitive)
+            ),
+        };
         r.carry_note = format!(
-            "(Your previous turn, {}, read untrusted input ({}); it was taken out of your context so it cannot steer later turns. What you did in it stands. Recall an ID to read it again: that carries its taint.)\n",
+            "(Your previous turn, {}, read {what}; it was taken out of your context so it cannot steer later turns or be posted where it should not go. What you did in it stands. Recall an ID to read it again: that carries its flags.)\n",
             r.turn,
-            causes.join(", ")
         );
         r.turn_read = Default::default();
     }

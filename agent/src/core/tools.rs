@@ -99,12 +99,13 @@ impl Core {
             }
             "watch" => {
                 let name = str_arg(a, "thread")?;
-                let thread = if name.starts_with(Kind::Thread.prefix())
-                    && world.thread(&name).is_some()
-                {
+                let known = name.starts_with(Kind::Thread.prefix())
+                    && self.read(world.thread(&name), None).is_some();
+                let thread = if known {
                     name.clone()
                 } else {
-                    world.find_thread(&name).ok_or_else(|| {
+                    let found = world.find_thread(&name);
+                    self.read(found, None).ok_or_else(|| {
                         format!("no thread {name}: give a thread ID or SOURCE:NAME on a connector")
                     })?
                 };
@@ -113,8 +114,8 @@ impl Core {
             }
             "bounce" => {
                 let trg = str_arg(a, "trigger")?;
-                let info = world
-                    .lookup(&trg)
+                let info = self
+                    .read(world.lookup(&trg), None)
                     .ok_or_else(|| format!("no trigger {trg}"))?;
                 let t = parse_trigger_lookup(&trg, &info)
                     .ok_or_else(|| format!("{trg} is not a trigger"))?;

@@ -340,6 +340,13 @@ impl Core {
         if w.status.is_closed() {
             return;
         }
+        // Reading it is reading whoever wrote what it fetched.
+        if let Some(program) = super::containment::fetches(&c.command) {
+            w.flags.add_untrusted(
+                cmd,
+                &format!("its output came from the network ({program}): anyone's words"),
+            );
+        }
         match js_call {
             Some((run, call)) => {
                 let v = json!({

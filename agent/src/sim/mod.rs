@@ -47,8 +47,13 @@ pub struct SimConfig {
     /// `resume_effects` must bring it all back.
     pub crash_every: u64,
     /// Serialize every changed record after each step, as the driver does
-    /// before writing it (implied by `crash_every`).
+    /// before writing it (implied by `crash_every` and `outage_every`).
     pub persist: bool,
+    /// The store is away for every this many steps (0: never): each read
+    /// of the world fails, the step must be void, and the driver's answer
+    /// (nothing written, the core rebuilt, in-flight work restarted,
+    /// people's messages offered again) must change nothing anyone sees.
+    pub outage_every: u64,
     /// Check the core's invariants after every step (off only to measure
     /// the core alone: the check reads every record).
     pub check_invariants: bool,
@@ -77,6 +82,7 @@ impl Default for SimConfig {
             machines: vec!["lap".into(), "ci".into()],
             crash_every: 0,
             persist: false,
+            outage_every: 0,
             check_invariants: true,
             trust: Trust {
                 approvers: vec![Approver {
@@ -132,6 +138,8 @@ pub struct SimReport {
     pub model_latency_ms: u64,
     pub quiescent: bool,
     pub crashes: u64,
+    /// Steps voided because the world could not be read.
+    pub voided: u64,
     /// Commands held for an approval, and those that then ran with one.
     pub held: usize,
     pub approved_runs: usize,
@@ -168,6 +176,8 @@ struct Agenda {
     heap: BinaryHeap<Reverse<(u64, u64)>>,
     events: HashMap<u64, Event>,
     seq: u64,
+    /// The place of the event `next` gave last.
+    last: (u64, u64),
 }
 
 impl Agenda {
@@ -180,9 +190,16 @@ impl Agenda {
         loop {
             let Reverse((t, seq)) = self.heap.pop()?;
             if let Some(ev) = self.events.remove(&seq) {
+                self.last = (t, seq);
                 return Some((t, ev));
             }
         }
+    }
+    /// The event `next` gave last, back in its place: offered again first.
+    fn again(&mut self, ev: Event) {
+        let (t, seq) = self.last;
+        self.events.insert(seq, ev);
+        self.heap.push(Reverse((t, seq)));
     }
     /// A crash loses everything in flight but people's messages.
     fn crash(&mut self) {
@@ -252,7 +269,45 @@ pub async fn run_with_core<P: Programs>(
         if trace {
             eprintln!("{steps} {at} {summary}");
         }
-        let mut fx = core.handle(&mut world, ev);
+        let outage = cfg.outage_every > 0 && steps.is_multiple_of(cfg.outage_every);
+        world.unavailable = outage;
+        let handled = core.handle(&mut world, ev.clone());
+        world.unavailable = false;
+        let mut fx = match handled {
+            Ok(fx) => fx,
+            Err(why) => {
+                if !outage {
+                    return Err(SimError::Invariant {
+                        step: steps,
+                        event: summary,
+                        why: format!("void with the world readable: {why}"),
+                    });
+                }
+                // As the driver does: nothing written, the core rebuilt
+                // from the store, what was in flight restarted, and a
+                // message from the inbox offered again.
+                report.voided += 1;
+                drop(core.take_writes());
+                agenda.crash();
+                if matches!(
+                    ev,
+                    Event::Trigger(_) | Event::Answer { .. } | Event::Cancel { .. }
+                ) {
+                    agenda.again(ev);
+                }
+                let (fresh, errors) =
+                    Core::rebuild_from_image(cfg.budgets.clone(), &persisted, false);
+                if !errors.is_empty() {
+                    return Err(SimError::Reload {
+                        step: steps,
+                        why: errors.join("; "),
+                    });
+                }
+                core = fresh;
+                core.pass_through = cfg.pass_through;
+                core.resume_effects()
+            }
+        };
         oracle.saw_approvals(&core);
         if cfg.check_invariants {
             core.check_invariants().map_err(|why| SimError::Invariant {
@@ -263,7 +318,7 @@ pub async fn run_with_core<P: Programs>(
         }
         // What the driver writes after the step.
         let writes = core.take_writes();
-        if cfg.persist || cfg.crash_every > 0 {
+        if cfg.persist || cfg.crash_every > 0 || cfg.outage_every > 0 {
             for (k, v) in writes {
                 match v {
                     Some(v) => persisted.insert(k, v),
@@ -455,9 +510,13 @@ pub async fn run_with_core<P: Programs>(
                     if let Some(t0) = asked_at.remove(&r.thread) {
                         reply_lat.push(world.now - t0);
                     }
+                    // A result, or an approver's no to posting it: either
+                    // way the people who asked heard how it ended.
                     if ["Done:", "failed:", "done:"]
                         .iter()
                         .any(|p| r.text.starts_with(p))
+                        || (r.text.starts_with("Denied by")
+                            && r.text.ends_with("will not be posted."))
                     {
                         reported.insert(r.thread.clone());
                     }
@@ -632,7 +691,9 @@ impl Oracle {
             command,
             approved_by,
         } = *s;
-        let reach = world.machines_for(machine, labels);
+        let reach = world
+            .machines_for(machine, labels)
+            .map_err(|e| e.to_string())?;
         let sensitive = reach.is_empty() || reach.iter().any(|m| m.sensitive());
         let acts = reach.is_empty()
             || reach

@@ -264,7 +264,15 @@ fn print_connector(v: &Value) {
         ("rooms", list(v, "rooms")),
         ("invites from", list(v, "invite_from")),
         ("posts unprompted to", list(v, "post_to")),
-        ("webhook", s(v, "webhook_path").to_string()),
+        ("webhook", {
+            let url = s(v, "webhook_url");
+            if url.is_empty() {
+                s(v, "webhook_path")
+            } else {
+                url
+            }
+            .to_string()
+        }),
         (
             "credentials",
             ["token", "secret", "private_key"]
@@ -292,6 +300,19 @@ pub async fn run(c: &mut Client, cmd: ConnectorsCmd) -> anyhow::Result<i32> {
                 print_json(&v);
             } else {
                 print_connector(&v);
+                let url = s(&v, "webhook_url");
+                if !url.is_empty() {
+                    let peer = if s(&v, "kind") == "slack" {
+                        "Slack's Event Subscriptions Request URL"
+                    } else {
+                        "the GitHub webhook's Payload URL (content type application/json)"
+                    };
+                    println!("register {url} as {peer}");
+                    let note = s(&v, "webhook_note");
+                    if !note.is_empty() {
+                        println!("  note: {}", safe(note));
+                    }
+                }
                 println!(
                     "check its credentials with `byom connectors test {}`",
                     s(&v, "name")

@@ -21,10 +21,22 @@ pub struct ServerArgs {
     /// (default: the QUIC port number, on TCP).
     #[arg(long)]
     pub listen_tcp: Option<SocketAddr>,
-    /// HTTP address for webhooks: POST /hooks/SOURCE with an HMAC-SHA256
-    /// signature (key in <data-dir>/webhook.key).
+    /// HTTPS address for webhooks: GitHub's and Slack's endpoints, and
+    /// POST /hooks/SOURCE with an HMAC-SHA256 signature (key in
+    /// <data-dir>/webhook.key). Plain HTTP is accepted from this machine.
     #[arg(long, default_value = "127.0.0.1:7445")]
     pub listen_webhook: SocketAddr,
+    /// Certificate chain (PEM) the webhook port shows, for a name GitHub
+    /// and Slack can verify (default: the server's own certificate).
+    #[arg(long, requires = "webhook_tls_key")]
+    pub webhook_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --webhook-tls-cert.
+    #[arg(long, requires = "webhook_tls_cert")]
+    pub webhook_tls_key: Option<PathBuf>,
+    /// Accept plain HTTP on the webhook port from other machines too: only
+    /// behind a proxy that terminates TLS.
+    #[arg(long)]
+    pub webhook_plain: bool,
     /// HOST:PORT daemons should dial, written into pairing tokens.
     #[arg(long)]
     pub public_addr: Option<String>,
@@ -99,6 +111,8 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
         listen_api: a.listen_api,
         listen_tcp: a.listen_tcp,
         listen_webhook: a.listen_webhook,
+        webhook_tls: a.webhook_tls_cert.zip(a.webhook_tls_key),
+        webhook_plain: a.webhook_plain,
         public_addr: a.public_addr,
         cert_ttl: a.cert_ttl,
         offline_allowance: a.offline_allowance,

@@ -194,10 +194,11 @@ impl Api {
                        "conversation_messages": r.conversation.len(), "dropped_turns": r.dropped_turns,
                        "subscriptions": r.subs})
             }
-            "trust" => serde_json::to_value(crate::trust::load(&self.store)).unwrap_or(Value::Null),
+            "trust" => serde_json::to_value(crate::trust::load(&self.store).map_err(store_err)?)
+                .unwrap_or(Value::Null),
             "set_trust" => self.set_trust(args, by)?,
             "trust_check" => {
-                let t = crate::trust::load(&self.store);
+                let t = crate::trust::load(&self.store).map_err(store_err)?;
                 let who = args.get("principal").and_then(Value::as_str).unwrap_or("");
                 let assoc = args
                     .get("association")
@@ -343,7 +344,7 @@ impl Api {
             .ok_or_else(|| invalid("say approved: true or false"))?;
         // The core decides (and records a refusal); said here too so the
         // person at the CLI learns it at once.
-        let trust = crate::trust::load(&self.store);
+        let trust = crate::trust::load(&self.store).map_err(store_err)?;
         let labels: Option<std::collections::BTreeMap<String, String>> = if a.machine.is_empty() {
             None
         } else {
@@ -389,7 +390,7 @@ impl Api {
     /// machine may change who approves and who is trusted, and nobody can
     /// leave it with no approver at all.
     fn set_trust(&self, args: Value, by: &str) -> Result<Value, Status> {
-        let current = crate::trust::load(&self.store);
+        let current = crate::trust::load(&self.store).map_err(store_err)?;
         if !current.may_approve(by, None) {
             return Err(Status::permission_denied(format!(
                 "{by} may not change trust: only an approver for every machine may ({})",

@@ -65,7 +65,7 @@ impl Api {
     }
 
     fn may_manage(&self, by: &str) -> Result<(), Status> {
-        let trust = crate::trust::load(&self.store);
+        let trust = crate::trust::load(&self.store).map_err(store_err)?;
         if trust.may_approve(by, None) {
             Ok(())
         } else {

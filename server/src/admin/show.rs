@@ -34,7 +34,9 @@ impl Api {
                     .ok_or_else(none)?,
             ),
             Some(Kind::Worker | Kind::Approval | Kind::Snapshot) => {
-                let text = crate::agents::lookup(&self.store, id).ok_or_else(none)?;
+                let text = crate::agents::lookup(&self.store, id)
+                    .map_err(store_err)?
+                    .ok_or_else(none)?;
                 // Records are JSON: shown with RFC 3339 times like every
                 // other object.
                 Object::AgentJson(match serde_json::from_str(&text) {

@@ -248,7 +248,18 @@ impl Driver {
         let mut world = self.world();
         // Built only when it will be logged: this runs for every event.
         let summary = tracing::enabled!(tracing::Level::DEBUG).then(|| ev.summary());
-        let fx = self.core.handle(&mut world, ev);
+        let fx = match self.core.handle(&mut world, ev) {
+            Ok(fx) => fx,
+            Err(e) => {
+                // Decided on nothing: the step never happened. Its inbox
+                // entry (if any) stays and runs again once the store
+                // answers; what was in flight restarts from the store.
+                tracing::warn!("an agent step could not read the store ({e}); it runs again");
+                drop(self.core.take_writes());
+                self.rebuild().await;
+                return false;
+            }
+        };
         if let Some(summary) = summary {
             // Quiet ticks (most of them) are not worth a line each.
             if summary != "tick" || !fx.is_empty() {
@@ -346,6 +357,13 @@ impl Driver {
             return true;
         };
         tracing::error!("cannot commit an agent step ({e}); reloading from the store");
+        self.rebuild().await;
+        false
+    }
+
+    /// Goes back to what the store holds, retrying until it can (or the
+    /// server stops).
+    async fn rebuild(&mut self) {
         for attempt in 1..=u32::MAX {
             tokio::time::sleep(Duration::from_secs(1)).await;
             match self.reload() {
@@ -357,7 +375,6 @@ impl Driver {
                 Err(e) => tracing::error!(attempt, "cannot reload the agents' state: {e}"),
             }
         }
-        false
     }
 
     fn run_effects(&self, fx: Vec<Effect>) {
@@ -659,6 +676,10 @@ fn reply_trigger(r: &Reply) -> pb::Trigger {
         from_bot: true,
         created_at_ms: byom_wire::now_ms(),
         reason: "the agent's reply".into(),
+        // What it may carry of someone untrusted stays with it: whoever
+        // reads the thread later reads that too.
+        trusted: r.untrusted.is_none(),
+        trust: r.untrusted.clone().unwrap_or_default(),
         ..Default::default()
     };
     t.set_decision(pb::TriggerDecision::Ignored);

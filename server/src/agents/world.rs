@@ -9,7 +9,7 @@ use byom_agent::storage::keys;
 use std::collections::BTreeMap;
 
 use byom_agent::trust::Trust;
-use byom_agent::world::{MachineInfo, ThreadInfo};
+use byom_agent::world::{MachineInfo, Read, ThreadInfo, Unavailable};
 use byom_agent::World;
 use byom_protocol::id::{encode_body, Kind};
 use byom_protocol::pb;
@@ -46,22 +46,21 @@ impl World for LiveWorld {
         new_id(kind)
     }
 
-    fn policies(&self) -> Vec<String> {
-        self.store
+    fn policies(&self) -> Read<Vec<String>> {
+        Ok(self
+            .store
             .list_policies()
-            .map(|v| {
-                v.into_iter()
-                    .map(|p| format!("{} ({})", p.text, p.id))
-                    .collect()
-            })
-            .unwrap_or_default()
+            .map_err(away)?
+            .into_iter()
+            .map(|p| format!("{} ({})", p.text, p.id))
+            .collect())
     }
 
-    fn machines(&self) -> Vec<String> {
+    fn machines(&self) -> Read<Vec<String>> {
         let mut v: Vec<String> = self
             .store
             .list_machines()
-            .unwrap_or_default()
+            .map_err(away)?
             .into_iter()
             .filter(|m| !m.revoked)
             .map(|m| {
@@ -83,22 +82,24 @@ impl World for LiveWorld {
             })
             .collect();
         v.sort();
-        v
+        Ok(v)
     }
 
-    fn lookup(&self, id: &str) -> Option<String> {
-        lookup(&self.store, id)
+    fn lookup(&self, id: &str) -> Read<Option<String>> {
+        lookup(&self.store, id).map_err(away)
     }
 
-    fn thread(&self, thread: &str) -> Option<ThreadInfo> {
-        let t = self.store.get_thread(thread).ok().flatten()?;
+    fn thread(&self, thread: &str) -> Read<Option<ThreadInfo>> {
+        let Some(t) = self.store.get_thread(thread).map_err(away)? else {
+            return Ok(None);
+        };
         let kind = match t.kind.as_str() {
             // Threads stored before kinds existed.
             "" if t.source == "chat" => "chat".to_string(),
             "" => "cli".to_string(),
             k => k.to_string(),
         };
-        let open = match self.store.get_connector(&t.source).ok().flatten() {
+        let open = match self.store.get_connector(&t.source).map_err(away)? {
             Some(c) => {
                 let channel = crate::channels::thread_channel(&kind, &t.external);
                 c.post_to.iter().any(|p| p == "*" || p == channel)
@@ -106,30 +107,36 @@ impl World for LiveWorld {
             // byom's own threads (CLI, chat, webhooks) reach no one else.
             None => true,
         };
-        Some(ThreadInfo {
+        Ok(Some(ThreadInfo {
             source: t.source,
             kind,
             open,
-        })
+        }))
     }
 
-    fn find_thread(&mut self, name: &str) -> Option<String> {
+    fn find_thread(&mut self, name: &str) -> Read<Option<String>> {
         let (c, external) = match byom_agent::world::github_thread(name) {
             // A link: the (first) GitHub connector's thread for it.
-            Some(t) => (
-                self.store
+            Some(t) => {
+                let gh = self
+                    .store
                     .list_connectors()
-                    .ok()?
+                    .map_err(away)?
                     .into_iter()
-                    .find(|c| c.kind == "github")?,
-                t,
-            ),
+                    .find(|c| c.kind == "github");
+                let Some(gh) = gh else {
+                    return Ok(None);
+                };
+                (gh, t)
+            }
             None => {
-                let (source, external) = name.split_once(':')?;
-                (
-                    self.store.get_connector(source).ok().flatten()?,
-                    external.to_string(),
-                )
+                let Some((source, external)) = name.split_once(':') else {
+                    return Ok(None);
+                };
+                let Some(c) = self.store.get_connector(source).map_err(away)? else {
+                    return Ok(None);
+                };
+                (c, external.to_string())
             }
         };
         let source = c.name.as_str();
@@ -139,13 +146,14 @@ impl World for LiveWorld {
             .take(crate::triggers::MAX_NAME)
             .collect();
         if external.is_empty() {
-            return None;
+            return Ok(None);
         }
         let now = byom_wire::now_ms();
-        if let Ok(Some(t)) = self.store.find_thread(source, &external) {
-            return Some(t.id);
+        if let Some(t) = self.store.find_thread(source, &external).map_err(away)? {
+            return Ok(Some(t.id));
         }
-        self.store
+        let t = self
+            .store
             .create_thread(&pb::Thread {
                 id: new_id(Kind::Thread),
                 source: source.to_string(),
@@ -154,42 +162,46 @@ impl World for LiveWorld {
                 last_trigger_ms: now,
                 kind: c.kind,
             })
-            .ok()
-            .map(|t| t.id)
+            .map_err(away)?;
+        Ok(Some(t.id))
     }
 
-    fn trust(&self) -> Trust {
-        crate::trust::load(&self.store)
+    fn trust(&self) -> Read<Trust> {
+        crate::trust::load(&self.store).map_err(away)
     }
 
-    fn machines_for(&self, machine: &str, labels: &BTreeMap<String, String>) -> Vec<MachineInfo> {
+    fn machines_for(
+        &self,
+        machine: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Read<Vec<MachineInfo>> {
         let info = |m: pb::Machine| MachineInfo {
             name: m.name,
             labels: m.labels.into_iter().collect(),
             read_only: m.read_only,
         };
         if !machine.is_empty() {
-            return self
+            return Ok(self
                 .store
                 .resolve_machine(machine)
-                .ok()
-                .flatten()
+                .map_err(away)?
                 .map(info)
                 .into_iter()
-                .collect();
+                .collect());
         }
-        self.store
+        Ok(self
+            .store
             .list_machines()
-            .unwrap_or_default()
+            .map_err(away)?
             .into_iter()
             .filter(|m| !m.revoked && labels.iter().all(|(k, v)| m.labels.get(k) == Some(v)))
             .map(info)
-            .collect()
+            .collect())
     }
 
-    fn untrusted(&self, id: &str) -> Option<String> {
+    fn untrusted(&self, id: &str) -> Read<Option<String>> {
         let why = |t: &pb::Trigger| {
-            if t.trusted || crate::triggers::is_own_reply(t) {
+            if t.trusted || crate::triggers::is_clean_reply(t) {
                 return None;
             }
             Some(if t.trust.is_empty() {
@@ -198,29 +210,40 @@ impl World for LiveWorld {
                 format!("{}: {}", t.id, t.trust)
             })
         };
-        match Kind::of(id)? {
-            Kind::Trigger => why(&self.store.get_trigger(id).ok()??),
+        Ok(match Kind::of(id) {
+            Some(Kind::Trigger) => self
+                .store
+                .get_trigger(id)
+                .map_err(away)?
+                .and_then(|t| why(&t)),
             // What `recall` shows of a thread: its latest messages.
-            Kind::Thread => self
+            Some(Kind::Thread) => self
                 .store
                 .list_triggers(Some(id), RECALL_THREAD)
-                .ok()?
+                .map_err(away)?
                 .iter()
                 .find_map(why),
             // A command a tainted worker ran: its output may be what the
             // untrusted text asked for.
-            Kind::Command => {
-                let c = self.store.get_command(id).ok()??;
-                c.tainted.then(|| {
+            Some(Kind::Command) => self
+                .store
+                .get_command(id)
+                .map_err(away)?
+                .filter(|c| c.tainted)
+                .map(|c| {
                     format!(
                         "{id} ran for a worker that read untrusted input: {}",
                         c.taint
                     )
-                })
-            }
+                }),
             _ => None,
-        }
+        })
     }
+}
+
+/// A store error as the core sees it: the step waits for the store.
+fn away(e: StoreError) -> Unavailable {
+    Unavailable(e.to_string())
 }
 
 /// (worker, snapshot) for every stored worker whose program is paused on a
@@ -248,11 +271,14 @@ fn command_line(c: &pb::Command) -> String {
     }
 }
 
-/// The full text of a stored object, for recall/read and `byom show`.
-pub fn lookup(store: &Store, id: &str) -> Option<String> {
-    match Kind::of(id)? {
-        Kind::Trigger => {
-            let t = store.get_trigger(id).ok()??;
+/// The full text of a stored object, for recall/read and `byom show`
+/// (`None`: no such object).
+pub fn lookup(store: &Store, id: &str) -> Result<Option<String>, StoreError> {
+    let Some(kind) = Kind::of(id) else {
+        return Ok(None);
+    };
+    Ok(match kind {
+        Kind::Trigger => store.get_trigger(id)?.and_then(|t| {
             serde_json::to_string_pretty(&json!({
                 "id": t.id, "thread_id": t.thread_id, "source": t.source, "user": t.user,
                 "principal": t.principal, "trusted": t.trusted, "trust": t.trust,
@@ -263,57 +289,59 @@ pub fn lookup(store: &Store, id: &str) -> Option<String> {
                 "decision": t.decision().name(),
             }))
             .ok()
-        }
-        Kind::Thread => {
-            let th = store.get_thread(id).ok()??;
-            let mut ts = store.list_triggers(Some(id), RECALL_THREAD).ok()?;
-            ts.reverse();
-            let mut s = format!("thread {} on {} ({})\n", th.id, th.source, th.external);
-            for t in ts {
-                s.push_str(&format!("{} {}: {}\n", t.id, t.user, t.text));
+        }),
+        Kind::Thread => match store.get_thread(id)? {
+            None => None,
+            Some(th) => {
+                let mut ts = store.list_triggers(Some(id), RECALL_THREAD)?;
+                ts.reverse();
+                let mut s = format!("thread {} on {} ({})\n", th.id, th.source, th.external);
+                for t in ts {
+                    s.push_str(&format!("{} {}: {}\n", t.id, t.user, t.text));
+                }
+                Some(s)
             }
-            Some(s)
-        }
-        Kind::Command => {
-            let c = store.get_command(id).ok()??;
-            let read = |stream: pb::OutputStream| -> String {
-                let chunks = store
-                    .read_output(id, stream as i32, 0, RECALL_OUTPUT)
-                    .unwrap_or_default();
-                let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, b)| b).collect();
-                String::from_utf8_lossy(&bytes).into_owned()
-            };
-            Some(format!(
-                "command {} on {}: {}\nstate: {} exit: {}\nstdout:\n{}\nstderr:\n{}",
-                c.id,
-                c.machine_id,
-                command_line(&c),
-                c.state().name(),
-                c.exit_code
-                    .map(|c| c.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                read(pb::OutputStream::Stdout),
-                read(pb::OutputStream::Stderr),
-            ))
-        }
-        Kind::Snapshot => {
-            let b = store.get_snapshot(id).ok()??;
-            // The program it belongs to, if it is still paused on it.
-            let owner = paused_programs(store)
-                .ok()?
-                .into_iter()
-                .find(|(_, snp)| snp == id)
-                .map(|(worker, _)| worker);
-            Some(
-                json!({"id": id, "bytes": b.len(), "paused_program_of": owner,
-                       "what": "a paused interpreter's memory (signed, compressed)"})
-                .to_string(),
-            )
-        }
-        Kind::Worker | Kind::Approval => {
-            let b = store.get_raw(Space::Agents, &keys::record(id)).ok()??;
-            String::from_utf8(b).ok()
-        }
+        },
+        Kind::Command => match store.get_command(id)? {
+            None => None,
+            Some(c) => {
+                let read = |stream: pb::OutputStream| -> Result<String, StoreError> {
+                    let chunks = store.read_output(id, stream as i32, 0, RECALL_OUTPUT)?;
+                    let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, b)| b).collect();
+                    Ok(String::from_utf8_lossy(&bytes).into_owned())
+                };
+                Some(format!(
+                    "command {} on {}: {}\nstate: {} exit: {}\nstdout:\n{}\nstderr:\n{}",
+                    c.id,
+                    c.machine_id,
+                    command_line(&c),
+                    c.state().name(),
+                    c.exit_code
+                        .map(|c| c.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    read(pb::OutputStream::Stdout)?,
+                    read(pb::OutputStream::Stderr)?,
+                ))
+            }
+        },
+        Kind::Snapshot => match store.get_snapshot(id)? {
+            None => None,
+            Some(b) => {
+                // The program it belongs to, if it is still paused on it.
+                let owner = paused_programs(store)?
+                    .into_iter()
+                    .find(|(_, snp)| snp == id)
+                    .map(|(worker, _)| worker);
+                Some(
+                    json!({"id": id, "bytes": b.len(), "paused_program_of": owner,
+                           "what": "a paused interpreter's memory (signed, compressed)"})
+                    .to_string(),
+                )
+            }
+        },
+        Kind::Worker | Kind::Approval => store
+            .get_raw(Space::Agents, &keys::record(id))?
+            .and_then(|b| String::from_utf8(b).ok()),
         _ => None,
-    }
+    })
 }

@@ -171,6 +171,19 @@ pub fn connector_from(v: &Value) -> Result<pb::Connector, OpError> {
 }
 
 impl Channels {
+    /// A connector as people see it, with the URL its peer posts to.
+    fn shown(&self, c: &pb::Connector, pending: usize) -> Value {
+        let mut v = view(c, pending);
+        if let Some(p) = v["webhook_path"].as_str() {
+            let (base, note) = &self.webhook_base;
+            v["webhook_url"] = json!(format!("{base}{p}"));
+            if !note.is_empty() {
+                v["webhook_note"] = json!(note);
+            }
+        }
+        v
+    }
+
     fn pending(&self, name: &str) -> usize {
         self.store
             .outbox_queue_len(name, byom_store::OUTBOX_QUEUE_LIMIT)
@@ -207,25 +220,25 @@ impl Channels {
                         if old != same {
                             return Err(OpError::Exists(m));
                         }
-                        return Ok(view(&old, self.pending(&old.name)));
+                        return Ok(self.shown(&old, self.pending(&old.name)));
                     }
                     Err(e) => return Err(unavailable(e)),
                 }
                 self.store.flush_async().await.map_err(unavailable)?;
                 self.changed();
-                Ok(view(&c, 0))
+                Ok(self.shown(&c, 0))
             }
             "connector_ls" => Ok(Value::Array(
                 self.store
                     .list_connectors()
                     .map_err(unavailable)?
                     .iter()
-                    .map(|c| view(c, self.pending(&c.name)))
+                    .map(|c| self.shown(c, self.pending(&c.name)))
                     .collect(),
             )),
             "connector_show" => {
                 let c = self.get(name)?;
-                Ok(view(&c, self.pending(name)))
+                Ok(self.shown(&c, self.pending(name)))
             }
             "connector_rm" => {
                 let c = self.get(name)?;
@@ -233,7 +246,7 @@ impl Channels {
                 self.store.flush_async().await.map_err(unavailable)?;
                 self.changed();
                 let pending = self.pending(name);
-                let mut v = view(&c, pending);
+                let mut v = self.shown(&c, pending);
                 v["removed"] = json!(true);
                 if pending > 0 {
                     v["note"] = json!(format!(

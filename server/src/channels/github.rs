@@ -79,10 +79,13 @@ fn s<'a>(v: &'a Value, path: &[&str]) -> &'a str {
 }
 
 /// Maps a webhook to a trigger. `None`: the bot's own comment echoed back.
+/// `digest` is the SHA-256 of the signed body: GitHub signs no timestamp,
+/// so a captured delivery replayed under a new `X-GitHub-Delivery` is
+/// known by what it says (GitHub's own redelivery says it again too).
 pub fn event_to_trigger(
     connector: &str,
     event: &str,
-    delivery: &str,
+    digest: &str,
     p: &Value,
     bot_login: &str,
 ) -> Option<Mapped> {
@@ -102,7 +105,9 @@ pub fn event_to_trigger(
         user_name: sender.to_string(),
         from_bot: p["sender"]["type"] == "Bot",
         channel: repo.clone(),
-        external_id: format!("delivery/{delivery}"),
+        // The body alone: X-GitHub-Event is not signed, so a delivery
+        // replayed under another event name is the same delivery.
+        external_id: format!("body/{digest}"),
         kind: "github".into(),
         ..Default::default()
     };

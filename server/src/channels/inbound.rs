@@ -2,7 +2,8 @@
 //! (Slack's Events API) and `POST /github/NAME` (GitHub's webhooks). The
 //! signature is checked over the raw body before anything is parsed or
 //! stored; a request for a connector that does not exist, or of another
-//! kind, is 404 and tells nothing about the others.
+//! kind, gets exactly the answer a bad signature gets (after its body is
+//! read, like any other), so names cannot be probed.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -17,6 +18,21 @@ fn header(req: &hyper::Request<hyper::body::Incoming>, k: &str) -> Option<String
         .get(k)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
+}
+
+/// The one answer to a request that is not provably from the connector's
+/// peer: whether the name exists, the signature was wrong or the
+/// timestamp stale is the server's to know (its debug log says).
+fn bad_signature(kind: &str) -> hyper::Response<Full<Bytes>> {
+    let how = if kind == "slack" {
+        "X-Slack-Signature and a current X-Slack-Request-Timestamp (v0=HMAC of v0:TS:BODY with the signing secret)"
+    } else {
+        "X-Hub-Signature-256 (sha256=HMAC of the body with the webhook secret)"
+    };
+    reply(
+        401,
+        json!({"error": format!("not verified: this endpoint needs {how}")}),
+    )
 }
 
 /// Handles one request to a connector endpoint.
@@ -37,13 +53,8 @@ pub async fn handle(
         }
     };
     let connector = match ch.store.get_connector(name) {
-        Ok(Some(c)) if c.kind == kind => c,
-        Ok(_) => {
-            return reply(
-                404,
-                json!({"error": format!("no {kind} connector {name:?}")}),
-            )
-        }
+        Ok(Some(c)) if c.kind == kind => Some(c),
+        Ok(_) => None,
         Err(e) => return reply(503, json!({"error": e.to_string()})),
     };
     let slack_ts = header(&req, "x-slack-request-timestamp");
@@ -55,6 +66,9 @@ pub async fn handle(
         Ok(b) => b,
         Err(too_big) => return too_big,
     };
+    let Some(connector) = connector else {
+        return bad_signature(kind);
+    };
     if kind == "slack" {
         let now = byom_wire::now_ms() / 1000;
         if let Err(e) = slack::verify(
@@ -64,16 +78,14 @@ pub async fn handle(
             &body,
             now,
         ) {
-            return reply(401, json!({"error": e}));
+            tracing::debug!(connector = %connector.name, "refused a Slack request: {e}");
+            return bad_signature(kind);
         }
         let (status, v) = slack::handle(ch, &connector, &body).await;
         return reply(status, v);
     }
     if !crate::http_in::verify(connector.secret.as_bytes(), &body, gh_sig.as_deref()) {
-        return reply(
-            401,
-            json!({"error": "bad or missing X-Hub-Signature-256 (sha256=HMAC of the body with the webhook secret)"}),
-        );
+        return bad_signature(kind);
     }
     if gh_event == "ping" {
         return reply(200, json!({"ok": true, "pong": true}));
@@ -88,10 +100,11 @@ pub async fn handle(
         Ok(v) => v,
         Err(e) => return reply(400, json!({"error": format!("body is not JSON: {e}")})),
     };
+    let digest = byom_wire::hex(&byom_wire::sha256(&body));
     let Some(m) = github::event_to_trigger(
         &connector.name,
         &gh_event,
-        &gh_delivery,
+        &digest,
         &payload,
         &connector.bot_login,
     ) else {

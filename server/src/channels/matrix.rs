@@ -193,13 +193,14 @@ impl Provider for Matrix {
     }
 }
 
-/// The sync filter: messages and memberships only.
+/// The sync filter: messages, memberships and reactions (an approver's ✅
+/// on a request) only.
 fn filter() -> String {
     json!({
         "presence": {"not_types": ["*"]},
         "account_data": {"not_types": ["*"]},
         "room": {
-            "timeline": {"limit": TIMELINE_LIMIT, "types": ["m.room.message", "m.room.member"]},
+            "timeline": {"limit": TIMELINE_LIMIT, "types": ["m.room.message", "m.room.member", "m.reaction"]},
             "state": {"types": ["m.room.member"], "lazy_load_members": true},
             "ephemeral": {"not_types": ["*"]},
             "account_data": {"not_types": ["*"]},
@@ -397,8 +398,9 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
                             names.insert(sender.to_string(), n);
                         }
                     }
-                    let Some(mut t) = event_to_trigger(&c.name, room, ev, &me.user_id, &names)
-                    else {
+                    let t = event_to_trigger(&c.name, room, ev, &me.user_id, &names)
+                        .or_else(|| reaction_answer(&ch, &c.name, room, ev, &me.user_id, &names));
+                    let Some(mut t) = t else {
                         continue;
                     };
                     t.mention |= dm || me.named_in(&t.text) || replies_to_bot(&ch, &c.name, &t);
@@ -420,6 +422,62 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
             Err(e) => tracing::warn!(connector = c.name, "cannot keep the sync token: {e}"),
         }
     }
+}
+
+/// Reactions that answer a request: ✅ 👍 ✔ ☑ approve, ❌ 👎 🚫 ✖ deny.
+const APPROVE_KEYS: [&str; 4] = ["✅", "👍", "✔", "☑"];
+const DENY_KEYS: [&str; 4] = ["❌", "👎", "🚫", "✖"];
+
+/// A reaction to one of byom's approval requests, as the answer it stands
+/// for (`approve CODE` / `deny CODE`), from whoever reacted (Matrix's
+/// verified `sender`), on the request's thread: the core then checks it
+/// like any answer (an approver, after the request, once). Any other
+/// reaction, or one the store cannot place, is not an answer.
+fn reaction_answer(
+    ch: &Channels,
+    connector: &str,
+    room: &str,
+    ev: &Value,
+    me_id: &str,
+    names: &HashMap<String, String>,
+) -> Option<pb::SendEventRequest> {
+    if ev["type"] != "m.reaction" {
+        return None;
+    }
+    let sender = ev["sender"].as_str()?;
+    let event_id = ev["event_id"].as_str()?;
+    let rel = &ev["content"]["m.relates_to"];
+    if sender == me_id || rel["rel_type"] != "m.annotation" {
+        return None;
+    }
+    let key = rel["key"].as_str()?.trim_end_matches('\u{fe0f}');
+    let verb = if APPROVE_KEYS.contains(&key) {
+        "approve"
+    } else if DENY_KEYS.contains(&key) {
+        "deny"
+    } else {
+        return None;
+    };
+    let target = rel["event_id"].as_str()?;
+    let reply = ch.store.channel_message(connector, target).ok()??;
+    let reply = ch.store.get_trigger(&reply).ok()??;
+    if !(reply.from_bot && reply.user == "byom") {
+        return None;
+    }
+    let code = byom_agent::approval::code_of_request(&reply.text)?;
+    let thread = ch.store.get_thread(&reply.thread_id).ok()??;
+    Some(pb::SendEventRequest {
+        source: connector.to_string(),
+        thread: thread.external,
+        user: format!("matrix:{sender}"),
+        user_name: names.get(sender).cloned().unwrap_or_default(),
+        text: format!("{verb} {code}"),
+        channel: room.to_string(),
+        external_id: event_id.to_string(),
+        link: format!("https://matrix.to/#/{}/{}", enc(room), enc(event_id)),
+        kind: "matrix".into(),
+        ..Default::default()
+    })
 }
 
 fn replies_to_bot(ch: &Channels, connector: &str, t: &pb::SendEventRequest) -> bool {

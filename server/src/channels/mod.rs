@@ -130,6 +130,10 @@ pub struct Channels {
     /// replicas, only the one that holds the agents' lease, so no message
     /// is fetched or sent by two.
     active: std::sync::atomic::AtomicBool,
+    /// Where peers reach the webhook port (`https://HOST:PORT`), and what
+    /// stands in their way (empty: nothing): what `connectors add` tells
+    /// the operator to register.
+    pub webhook_base: (String, String),
 }
 
 struct Running {
@@ -139,11 +143,17 @@ struct Running {
 }
 
 impl Channels {
-    pub fn new(store: Store, triggers: Triggers, shutdown: CancellationToken) -> Arc<Channels> {
+    pub fn new(
+        store: Store,
+        triggers: Triggers,
+        shutdown: CancellationToken,
+        webhook_base: (String, String),
+    ) -> Arc<Channels> {
         Arc::new(Channels {
             store,
             triggers,
             shutdown,
+            webhook_base,
             running: Mutex::new(HashMap::new()),
             changed: Notify::new(),
             active: std::sync::atomic::AtomicBool::new(true),

@@ -182,7 +182,7 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
         .unwrap_or(team);
     if user_team != team || v["event"]["user_profile"]["is_stranger"] == true {
         ev.author_association = "external".into();
-    } else if crate::trust::load(&ch.store).slack_members && !ev.from_bot {
+    } else if crate::trust::load(&ch.store).is_ok_and(|t| t.slack_members) && !ev.from_bot {
         if let Some(u) = v["event"]["user"].as_str() {
             ev.author_association = membership(ch, c, u).await;
         }
