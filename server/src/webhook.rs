@@ -339,6 +339,35 @@ mod tests {
     }
 
     #[test]
+    fn stamped_signatures_bind_the_time_and_the_body() {
+        let key = b"k".repeat(64);
+        let body = br#"{"thread":"t","user":"u","text":"x"}"#;
+        let now = 1_700_000_000;
+        let sig = |ts: u64, b: &[u8]| {
+            let mut m = format!("{ts}.").into_bytes();
+            m.extend_from_slice(b);
+            sign(&key, &m)
+        };
+        let ts = now.to_string();
+        assert!(verify_stamped(&key, Some(&ts), body, Some(&sig(now, body)), now).is_ok());
+        // Signed a minute ago: fine; ten minutes ago or ahead: a replay.
+        let ago = (now - 60).to_string();
+        assert!(verify_stamped(&key, Some(&ago), body, Some(&sig(now - 60, body)), now).is_ok());
+        for off in [now - 600, now + 600] {
+            let ts = off.to_string();
+            let e = verify_stamped(&key, Some(&ts), body, Some(&sig(off, body)), now).unwrap_err();
+            assert!(e.contains("Timestamp"), "{e}");
+        }
+        // The timestamp is signed: moving it breaks the signature.
+        let moved = (now - 1).to_string();
+        assert!(verify_stamped(&key, Some(&moved), body, Some(&sig(now, body)), now).is_err());
+        // The body alone (the old form) is not a signature any more.
+        assert!(verify_stamped(&key, Some(&ts), body, Some(&sign(&key, body)), now).is_err());
+        assert!(verify_stamped(&key, None, body, Some(&sig(now, body)), now).is_err());
+        assert!(verify_stamped(&key, Some("soon"), body, Some(&sig(now, body)), now).is_err());
+    }
+
+    #[test]
     fn source_names() {
         assert!(valid_source("ci") && valid_source("github-app.v2"));
         for bad in ["", "CI", "a b", "x\u{1b}[2J", &"s".repeat(65), "..%2f"] {

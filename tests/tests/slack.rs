@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use byom_tests::channels::{post_hook, slack_signature, FakeApi, Seen};
+use byom_tests::channels::{enc, post_hook, slack_signature, FakeApi, Seen};
 use byom_tests::{stderr, wait_for, Server};
 use serde_json::{json, Value};
 
@@ -404,4 +404,100 @@ fn members_are_trusted_and_guests_are_not() {
         .filter(|r| r.path == "/api/users.info?user=U0ADA")
         .count();
     assert_eq!(asks, 1);
+}
+
+/// A button press on a request, as Slack posts it to the Interactivity
+/// Request URL (form-encoded `payload`, signed by Slack's SDK).
+fn press(server: &Server, user: &str, action: &str, code: &str, thread_ts: &str) -> (u16, Value) {
+    let payload = json!({
+        "type": "block_actions",
+        "user": {"id": user, "username": user.to_lowercase(), "team_id": "T0001"},
+        "api_app_id": "A0001", "token": "unused", "team": {"id": "T0001", "domain": "acme"},
+        "container": {"type": "message", "message_ts": "1800000000.000009", "channel_id": "C0OPS", "is_ephemeral": false},
+        "channel": {"id": "C0OPS", "name": "ops"},
+        "message": {"type": "message", "ts": "1800000000.000009", "thread_ts": thread_ts, "text": "Approval needed"},
+        "actions": [{"action_id": action, "block_id": "b1", "value": code, "type": "button",
+                     "action_ts": format!("{}.{user}", now_s())}]
+    });
+    let body = format!("payload={}", enc(&payload.to_string()));
+    let ts = now_s();
+    let sig = slack_signature(SECRET, ts, &body);
+    post_hook(
+        server.webhook_addr,
+        "/slack/acme/interactive",
+        &[
+            ("X-Slack-Request-Timestamp", &ts.to_string()),
+            ("X-Slack-Signature", &sig),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        &body,
+    )
+}
+
+/// byom's request in Slack carries Approve and Deny buttons with its
+/// code; a stranger's press is refused, an approver's approves exactly
+/// that request, as them.
+#[test]
+fn approvers_answer_with_a_button() {
+    let api = slack_api();
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    server.trust(&["approvers", "add", "slack:T0001/U0ADA"]);
+    let out = add_connector(&server, dir.path(), &format!("{}/api", api.url()));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        byom_tests::stdout(&out).contains("/slack/acme/interactive"),
+        "{}",
+        byom_tests::stdout(&out)
+    );
+    let thread_ts = "1700000000.000200";
+    let ask = callback(
+        "Ev02ASK",
+        message(
+            "C0OPS",
+            thread_ts,
+            "<@UBOT> please run `echo via-button` on lap",
+            json!({"user": "U0MAL", "user_profile": {"display_name": "Mal", "name": "mal"}}),
+        ),
+    );
+    let (st, v) = signed(&server, &ask, now_s());
+    assert_eq!(st, 200, "{v}");
+    let request = wait_for("the request with its buttons", T, || {
+        posts(&api)
+            .into_iter()
+            .map(|r| r.json())
+            .find(|b| b["blocks"][1]["elements"][0]["action_id"] == "byom_approve")
+    });
+    assert_eq!(request["thread_ts"], thread_ts, "{request}");
+    let code = request["blocks"][1]["elements"][0]["value"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(request["blocks"][1]["elements"][1]["value"], code.as_str());
+    let approval = || {
+        server
+            .json(&["approvals", "ls", "--all"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["code"] == code.as_str())
+            .cloned()
+            .unwrap()
+    };
+
+    let (st, v) = press(&server, "U0MAL", "byom_approve", &code, thread_ts);
+    assert_eq!(st, 200, "{v}");
+    let a = wait_for("the stranger's press refused", T, || {
+        let a = approval();
+        (!a["refused"].as_array().unwrap().is_empty()).then_some(a)
+    });
+    assert_eq!(a["state"], "open", "{a}");
+    assert_eq!(a["refused"][0], "slack:T0001/U0MAL", "{a}");
+
+    let (st, v) = press(&server, "U0ADA", "byom_approve", &code, thread_ts);
+    assert_eq!(st, 200, "{v}");
+    let a = wait_for("the approver's press", T, || {
+        let a = approval();
+        (a["state"] == "approved").then_some(a)
+    });
+    assert_eq!(a["by"], "slack:T0001/U0ADA", "{a}");
 }

@@ -308,6 +308,12 @@ pub async fn run(c: &mut Client, cmd: ConnectorsCmd) -> anyhow::Result<i32> {
                         "the GitHub webhook's Payload URL (content type application/json)"
                     };
                     println!("register {url} as {peer}");
+                    let buttons = s(&v, "interactive_url");
+                    if !buttons.is_empty() {
+                        println!(
+                            "and {buttons} as its Interactivity Request URL (approvers' buttons)"
+                        );
+                    }
                     let note = s(&v, "webhook_note");
                     if !note.is_empty() {
                         println!("  note: {}", safe(note));

@@ -50,6 +50,7 @@ pub fn view(c: &pb::Connector, pending: usize) -> Value {
         "has_token": !c.token.is_empty(), "has_secret": !c.secret.is_empty(),
         "has_private_key": !c.private_key.is_empty(),
         "webhook_path": endpoint, "outbox_pending": pending,
+        "interactive_path": (c.kind == "slack").then(|| format!("/slack/{}/interactive", c.name)),
         "created_at": time(c.created_at_ms),
     })
 }
@@ -177,6 +178,9 @@ impl Channels {
         if let Some(p) = v["webhook_path"].as_str() {
             let (base, note) = &self.webhook_base;
             v["webhook_url"] = json!(format!("{base}{p}"));
+            if let Some(i) = v["interactive_path"].as_str() {
+                v["interactive_url"] = json!(format!("{base}{i}"));
+            }
             if !note.is_empty() {
                 v["webhook_note"] = json!(note);
             }

@@ -42,13 +42,14 @@ pub async fn handle(
     req: hyper::Request<hyper::body::Incoming>,
 ) -> hyper::Response<Full<Bytes>> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (kind, name) = match parts.as_slice() {
-        ["slack", name, "events"] => ("slack", *name),
-        ["github", name] => ("github", *name),
+    let (kind, name, interactive) = match parts.as_slice() {
+        ["slack", name, "events"] => ("slack", *name, false),
+        ["slack", name, "interactive"] => ("slack", *name, true),
+        ["github", name] => ("github", *name, false),
         _ => {
             return reply(
                 404,
-                json!({"error": "use POST /slack/NAME/events or POST /github/NAME"}),
+                json!({"error": "use POST /slack/NAME/events, POST /slack/NAME/interactive or POST /github/NAME"}),
             )
         }
     };
@@ -80,6 +81,19 @@ pub async fn handle(
         ) {
             tracing::debug!(connector = %connector.name, "refused a Slack request: {e}");
             return bad_signature(kind);
+        }
+        if interactive {
+            // A button on one of byom's requests; anything else is
+            // acknowledged and ignored, as Slack expects.
+            let Some(ev) = slack::action_to_trigger(&connector.name, &body) else {
+                return reply(200, json!({"ignored": "not a press of byom's buttons"}));
+            };
+            return match ch.triggers.ingest_with(ev, Ingest::default()).await {
+                Ok(Ingested::New(t) | Ingested::Duplicate(t)) => {
+                    reply(200, json!({"trigger": t.id}))
+                }
+                Err(e) => reply(503, json!({"error": e.to_string()})),
+            };
         }
         let (status, v) = slack::handle(ch, &connector, &body).await;
         return reply(status, v);

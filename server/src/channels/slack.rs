@@ -67,6 +67,113 @@ pub fn verify(
     .map_err(|_| "bad X-Slack-Signature")
 }
 
+/// Most characters of a section block's text (Slack's limit).
+const MAX_SECTION_CHARS: usize = 3000;
+/// The buttons' action IDs.
+pub const APPROVE_ACTION: &str = "byom_approve";
+pub const DENY_ACTION: &str = "byom_deny";
+
+/// A request as blocks: its text, then Approve and Deny buttons carrying
+/// its code.
+fn request_blocks(text: &Value, code: &str) -> Value {
+    let text: String = text
+        .as_str()
+        .unwrap_or_default()
+        .chars()
+        .take(MAX_SECTION_CHARS)
+        .collect();
+    json!([
+        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+        {"type": "actions", "elements": [
+            {"type": "button", "action_id": APPROVE_ACTION, "value": code, "style": "primary",
+             "text": {"type": "plain_text", "text": format!("Approve {code}")}},
+            {"type": "button", "action_id": DENY_ACTION, "value": code, "style": "danger",
+             "text": {"type": "plain_text", "text": format!("Deny {code}")}}
+        ]}
+    ])
+}
+
+/// `application/x-www-form-urlencoded` value of `key` in `body`.
+fn form_value(body: &[u8], key: &str) -> Option<String> {
+    let body = std::str::from_utf8(body).ok()?;
+    let raw = body
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?;
+    let mut out = Vec::with_capacity(raw.len());
+    let b = raw.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A button press on one of byom's requests (Slack's `block_actions`
+/// interactivity payload, signature already checked) as the answer it
+/// stands for, from whoever pressed it (`user.team_id`/`user.id`), on
+/// the request's thread. `None`: not such a press.
+pub fn action_to_trigger(connector: &str, body: &[u8]) -> Option<pb::SendEventRequest> {
+    let payload: Value = serde_json::from_str(&form_value(body, "payload")?).ok()?;
+    if payload["type"] != "block_actions" {
+        return None;
+    }
+    let action = payload["actions"].as_array()?.first()?;
+    let verb = match action["action_id"].as_str()? {
+        APPROVE_ACTION => "approve",
+        DENY_ACTION => "deny",
+        _ => return None,
+    };
+    let code = action["value"].as_str()?;
+    if code.len() != byom_agent::approval::CODE_LEN
+        || !code.chars().all(|c| c.is_ascii_alphanumeric())
+    {
+        return None;
+    }
+    let user = payload["user"]["id"].as_str()?;
+    let team = payload["user"]["team_id"]
+        .as_str()
+        .or(payload["team"]["id"].as_str())?;
+    let channel = payload["channel"]["id"]
+        .as_str()
+        .or(payload["container"]["channel_id"].as_str())?;
+    let msg = &payload["message"];
+    let ts = msg["ts"]
+        .as_str()
+        .or(payload["container"]["message_ts"].as_str())?;
+    let thread_ts = msg["thread_ts"].as_str().unwrap_or(ts);
+    let pressed = action["action_ts"].as_str().unwrap_or(ts);
+    let external = if payload["team"]["id"].as_str().is_some_and(|t| t != team) {
+        "external"
+    } else {
+        ""
+    };
+    Some(pb::SendEventRequest {
+        source: connector.to_string(),
+        thread: format!("{channel}/{thread_ts}"),
+        user: format!("slack:{team}/{user}"),
+        user_name: payload["user"]["username"]
+            .as_str()
+            .or(payload["user"]["name"].as_str())
+            .unwrap_or_default()
+            .to_string(),
+        text: format!("{verb} {code}"),
+        channel: channel.to_string(),
+        external_id: format!("action/{user}/{pressed}"),
+        author_association: external.into(),
+        kind: "slack".into(),
+        ..Default::default()
+    })
+}
+
 /// What an event callback's event becomes (`None`: not a person's new
 /// message, or the bot's own).
 pub fn event_to_trigger(
@@ -304,6 +411,11 @@ impl Provider for SlackApi {
         if !thread_ts.is_empty() {
             body["thread_ts"] = json!(thread_ts);
         }
+        // byom's own approval request: its answer is a button away (the
+        // press comes back signed, as the person who pressed it).
+        if let Some(code) = byom_agent::approval::code_of_request(&item.text) {
+            body["blocks"] = request_blocks(&body["text"], &code);
+        }
         let r = match self.call("chat.postMessage", &body).await {
             Ok(r) => r,
             Err(HttpError::Transient(e)) => {
@@ -419,6 +531,46 @@ mod tests {
             1_700_000_000
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_button_press_is_the_answer_it_stands_for() {
+        let payload = json!({"type": "block_actions",
+            "user": {"id": "U1", "username": "ada", "team_id": "T1"}, "team": {"id": "T1"},
+            "channel": {"id": "C1"}, "message": {"ts": "9.2", "thread_ts": "9.1"},
+            "actions": [{"action_id": APPROVE_ACTION, "value": "K7QX9P", "action_ts": "9.3"}]});
+        let enc: String = payload
+            .to_string()
+            .bytes()
+            .map(|b| match b {
+                b' ' => "+".to_string(),
+                b if b.is_ascii_alphanumeric() || b == b'_' => (b as char).to_string(),
+                b => format!("%{b:02X}"),
+            })
+            .collect();
+        let body = format!("token=x&payload={enc}");
+        let ev = action_to_trigger("acme", body.as_bytes()).unwrap();
+        assert_eq!(
+            (ev.thread.as_str(), ev.user.as_str(), ev.text.as_str()),
+            ("C1/9.1", "slack:T1/U1", "approve K7QX9P")
+        );
+        // Another workspace's user (Slack Connect) is external.
+        let other = body.replace("%22team_id%22%3A%22T1%22", "%22team_id%22%3A%22T2%22");
+        let ev = action_to_trigger("acme", other.as_bytes()).unwrap();
+        assert_eq!(
+            (ev.user.as_str(), ev.author_association.as_str()),
+            ("slack:T2/U1", "external")
+        );
+        // Not a press of byom's buttons, or a code that is not one.
+        for bad in [
+            body.replace(APPROVE_ACTION, "other_action"),
+            body.replace("K7QX9P", "K7%22"),
+            body.replace("block_actions", "view_submission"),
+            "payload=%7Bnot+json".to_string(),
+            "no=payload".to_string(),
+        ] {
+            assert!(action_to_trigger("acme", bad.as_bytes()).is_none(), "{bad}");
+        }
     }
 
     #[test]
