@@ -593,3 +593,49 @@ fn a_program_sent_as_a_follow_up_arrives_intact() {
     assert!(r[2].contains("\"n\":2"), "{r:?}");
     assert!(r[2].contains("<b>ok</b>"), "{r:?}");
 }
+
+/// README's first command: `byom demo` tells the whole story on embedded
+/// defaults (a server, a paired daemon, the agents, a restart, GitHub on
+/// loopback) and exits 0. Bounded: killed after five minutes.
+#[test]
+fn the_demo_runs_to_the_end() {
+    use std::io::Read;
+    let _cpu = byom_tests::cpu_heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(byom_tests::bin("byom"))
+        .arg("demo")
+        .env("HOME", dir.path())
+        .env_remove("BYOM_DATA_DIR")
+        .env_remove("BYOM_CREDS")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    let said = reader.join().unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "byom demo did not finish well ({status:?}):\n{said}\n{err}"
+    );
+    assert!(said.contains("summary"), "{said}");
+}

@@ -445,7 +445,7 @@ impl Core {
                 match &strangers {
                     Some(who) if flags.b() => {
                         let why = format!("posts a personal machine's data or a secret where someone untrusted speaks ({who})");
-                        speakers.push((w, flags, machine, wlabels, here, why));
+                        speakers.push((w, flags, machine, wlabels, here, true, why));
                     }
                     _ => answers_here |= here,
                 }
@@ -464,7 +464,7 @@ impl Core {
             });
             if here || bounced_here || strangers_here || !conversation {
                 let why = "posts on a thread that is not its task's own".to_string();
-                speakers.push((w, flags, machine, wlabels, here, why));
+                speakers.push((w, flags, machine, wlabels, here, false, why));
             }
         }
         // What the Router read this turn (a report, a recalled record) may
@@ -511,13 +511,11 @@ impl Core {
             }
             return Ok(None);
         }
-        for (w, flags, machine, wlabels, here, why) in speakers {
-            let own_thread = why.starts_with("posts a personal");
+        for (w, flags, machine, wlabels, here, own_thread, why) in speakers {
             let mut after = flags;
             after.add_acts(&r.thread, &why);
-            // Private data leaves only where the owner opened the thread
-            // (`post_to`), and never to someone untrusted, without a yes.
-            // (The owner's `post_to` opening the thread is their yes.)
+            // Private data leaves without a yes only where the owner's
+            // `post_to` opened the thread (that is their yes).
             let private_out = after.b() && !open;
             // Nor do a stranger's words go out as the bot where nobody
             // asked and the owner opened nothing.

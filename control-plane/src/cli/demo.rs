@@ -814,13 +814,16 @@ async fn pr_story(
     let secret = "demo-webhook-secret";
     c.channels(pb::AgentRequest {
         op: "connector_add".into(),
+        // The owner lets the bot post on their repository unprompted
+        // (`--post-to`): its results from the laptop may go there.
         json: serde_json::json!({"kind": "github", "name": "gh", "api_url": url, "secret": secret,
-                                 "token": "demo-token", "bot_login": "byom-bot"})
+                                 "token": "demo-token", "bot_login": "byom-bot",
+                                 "post_to": ["acme/app"]})
         .to_string(),
         ..Default::default()
     })
     .await?;
-    println!("\n14. GitHub joins (`byom connectors add github gh …`, a simulated GitHub on loopback): asked in chat, the worker opens a PR and watches it");
+    println!("\n14. GitHub joins (`byom connectors add github gh --post-to acme/app …`, a simulated GitHub on loopback): asked in chat, the worker opens a PR and watches it");
     say(c, "please fix the README typo: run `echo opened https://github.com/acme/app/pull/7` on demo-laptop").await?;
     tl.replies(c, 6).await?;
     let mut shown = 0;
