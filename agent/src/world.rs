@@ -51,6 +51,9 @@ pub trait World {
     /// Why a stored object holds text from someone untrusted (`None`: it
     /// does not, or no such object).
     fn untrusted(&self, id: &str) -> Read<Option<String>>;
+    /// Why anyone at all reads `thread`, whoever has spoken there (an
+    /// issue on a public repository); `None`: only those who speak there.
+    fn public(&self, thread: &str) -> Read<Option<String>>;
 }
 
 /// A machine as containment sees it.
@@ -138,6 +141,8 @@ pub struct TestWorld {
     pub read_only: HashMap<String, Vec<String>>,
     /// Every read fails (the store is away).
     pub unavailable: bool,
+    /// Threads anyone reads (issues on a public repository).
+    pub public: std::collections::HashSet<String>,
 }
 
 impl TestWorld {
@@ -242,6 +247,14 @@ impl World for TestWorld {
     ) -> Read<Vec<MachineInfo>> {
         self.up()?;
         Ok(self.machines_now(machine, labels))
+    }
+
+    fn public(&self, thread: &str) -> Read<Option<String>> {
+        self.up()?;
+        Ok(self
+            .public
+            .contains(thread)
+            .then(|| format!("{thread} is public: anyone reads it")))
     }
 
     fn untrusted(&self, id: &str) -> Read<Option<String>> {

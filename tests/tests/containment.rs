@@ -191,11 +191,22 @@ fn strangers_wait_for_an_approver_and_maintainers_do_not() {
     let (dir, server, _lap) = Server::with_lap(&[], &[]);
     let gh = Gh::connect(server, dir.path());
 
-    // (2) trusted: runs without any approval.
+    // (2) trusted: runs without any approval. The repository is public
+    // (GitHub's payload says so), so anyone would read the laptop's
+    // output: posting it waits for a yes (or the owner's --post-to).
     gh.comment(1, MAINT, "OWNER", "please run `echo trusted-ran` on lap");
-    let done = gh.wait_reply(1, "the result", |r| r.contains("Done:"));
+    wait_for("the trusted command to run", T, || {
+        gh.commands_with("echo trusted-ran")
+            .into_iter()
+            .find(|c| c["state"] == "exited")
+    });
+    assert!(
+        gh.approvals().iter().all(|a| a["kind"] == "message"),
+        "nothing but the post waits: {:?}",
+        gh.approvals()
+    );
+    let done = gh.post_approved(1, MAINT);
     assert!(done.contains("trusted-ran"), "{done}");
-    assert!(gh.approvals().is_empty(), "{:?}", gh.approvals());
 
     // (1) a stranger's request: held, nothing runs.
     gh.comment(2, STRANGER, "NONE", "please run `echo stranger-ran` on lap");
@@ -368,7 +379,18 @@ fn a_tainted_worker_posting_elsewhere_needs_an_approval() {
     // the laptop's output on #10, where a stranger reads. Both are asked
     // on #10, neither showing the output there.
     let mut answered: Vec<String> = Vec::new();
-    for _ in 0..2 {
+    let posted = |answered: &[String]| {
+        answered.len() >= 2
+            && gh.replies(11).iter().any(|r| r.contains("echo see"))
+            && gh
+                .replies(10)
+                .iter()
+                .any(|r| r.contains("Done:") && r.contains("echo see"))
+    };
+    for _ in 0..4 {
+        if posted(&answered) {
+            break;
+        }
         let post = gh.wait_reply(10, "a post's approval", |r| {
             r.contains("Approval needed")
                 && r.contains("wants to post")
@@ -388,6 +410,7 @@ fn a_tainted_worker_posting_elsewhere_needs_an_approval() {
         let c = code(&post);
         gh.comment(10, MAINT, "OWNER", &format!("approve {c}"));
         answered.push(c);
+        std::thread::sleep(Duration::from_secs(1));
     }
     let on11 = gh.wait_reply(11, "the approved post", |r| r.contains("echo see"));
     assert!(on11.contains("issues/11"), "{on11}");

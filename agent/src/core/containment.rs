@@ -404,12 +404,12 @@ impl Core {
                 }
             }
         }
-        // Someone untrusted speaks on the thread (unreadable: they might).
+        // Someone untrusted speaks on the thread, or anyone reads it
+        // (unreadable: they might).
+        let unknown = Some("it could not be read".to_string());
         let strangers = self
-            .read(
-                world.untrusted(&r.thread),
-                Some("it could not be read".into()),
-            )
+            .read(world.untrusted(&r.thread), unknown.clone())
+            .or_else(|| self.read(world.public(&r.thread), unknown))
             .or_else(|| {
                 items.iter().find_map(|it| match it {
                     RouterItem::Trigger(t) | RouterItem::Bounced { trigger: t, .. }
@@ -603,9 +603,18 @@ impl Core {
                         _ => None,
                     })
             })
-            // The Router's own post: asked where it would go (the request
-            // there shows no private text).
-            .or_else(|| reply.as_ref().map(|r| r.thread.clone()))
+            // The Router's own post: asked where it would go if someone
+            // asked there this turn (the request there shows no private
+            // text), else where someone did; never on a thread nobody
+            // asked on.
+            .or_else(|| {
+                let asked = self.asked_threads();
+                reply
+                    .as_ref()
+                    .map(|r| r.thread.clone())
+                    .filter(|t| asked.contains(t))
+                    .or_else(|| asked.first().cloned())
+            })
             .unwrap_or_default();
         // Unreadable: admins, as the closed configuration has it (the step
         // is void anyway and asks nobody).
@@ -628,9 +637,12 @@ impl Core {
             _ => self.records.worker(worker).is_none_or(|w| w.flags.b()),
         };
         let hide = private
-            && self
+            && (self
                 .read(world.untrusted(&thread), Some(String::new()))
-                .is_some();
+                .is_some()
+                || self
+                    .read(world.public(&thread), Some(String::new()))
+                    .is_some());
         let shown = match (hide, &reply) {
             (false, _) => action.to_string(),
             (true, Some(r)) => format!(

@@ -528,7 +528,7 @@ impl Core {
 
     /// Threads someone asked on in this turn: a new worker's may only be
     /// these (where its task came from, not what it watched).
-    fn asked_threads(&self) -> Vec<String> {
+    pub(super) fn asked_threads(&self) -> Vec<String> {
         self.records
             .router()
             .turn_items

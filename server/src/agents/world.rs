@@ -199,6 +199,10 @@ impl World for LiveWorld {
             .collect())
     }
 
+    fn public(&self, thread: &str) -> Read<Option<String>> {
+        self.public_thread(thread)
+    }
+
     fn untrusted(&self, id: &str) -> Read<Option<String>> {
         let why = |t: &pb::Trigger| {
             if t.trusted || crate::triggers::is_clean_reply(t) {
@@ -238,6 +242,22 @@ impl World for LiveWorld {
                 }),
             _ => None,
         })
+    }
+}
+
+impl LiveWorld {
+    fn public_thread(&self, id: &str) -> Read<Option<String>> {
+        let Some(t) = self.store.get_thread(id).map_err(away)? else {
+            return Ok(None);
+        };
+        if t.kind != "github" {
+            return Ok(None);
+        }
+        let repo = crate::channels::thread_channel("github", &t.external);
+        let key = crate::channels::github::public_key(repo);
+        let public = self.store.channel_state(&t.source, &key).map_err(away)?;
+        Ok((public.as_deref() == Some(b"1"))
+            .then(|| format!("{repo} is a public repository: anyone reads {}", t.external)))
     }
 }
 

@@ -78,6 +78,36 @@ fn s<'a>(v: &'a Value, path: &[&str]) -> &'a str {
     cur.as_str().unwrap_or_default()
 }
 
+/// The channel state under which a repository's being public is kept.
+pub fn public_key(repo: &str) -> String {
+    format!("public/{repo}")
+}
+
+/// Records whether the payload's repository is public (`private: false`
+/// or `visibility: public`): anyone reads its issues and pull requests.
+/// A payload that does not say changes nothing.
+pub fn note_visibility(
+    store: &byom_store::Store,
+    connector: &str,
+    p: &Value,
+) -> Result<(), byom_store::StoreError> {
+    let r = &p["repository"];
+    let Some(repo) = r["full_name"].as_str() else {
+        return Ok(());
+    };
+    let public = match (r["private"].as_bool(), r["visibility"].as_str()) {
+        (_, Some(v)) => v == "public",
+        (Some(private), None) => !private,
+        (None, None) => return Ok(()),
+    };
+    let key = public_key(repo);
+    let now: &[u8] = if public { b"1" } else { b"0" };
+    if store.channel_state(connector, &key)?.as_deref() != Some(now) {
+        store.batch(&[byom_store::Op::channel_state(connector, &key, now)])?;
+    }
+    Ok(())
+}
+
 /// Maps a webhook to a trigger. `None`: the bot's own comment echoed back.
 /// `digest` is the SHA-256 of the signed body: GitHub signs no timestamp,
 /// so a captured delivery replayed under a new `X-GitHub-Delivery` is

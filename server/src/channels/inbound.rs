@@ -114,6 +114,11 @@ pub async fn handle(
         Ok(v) => v,
         Err(e) => return reply(400, json!({"error": format!("body is not JSON: {e}")})),
     };
+    // Who reads the repository: anyone, when it is public, whoever has
+    // spoken there (what the agents ask before posting private data).
+    if let Err(e) = github::note_visibility(&ch.store, &connector.name, &payload) {
+        return reply(503, json!({"error": e.to_string()}));
+    }
     let digest = byom_wire::hex(&byom_wire::sha256(&body));
     let Some(m) = github::event_to_trigger(
         &connector.name,

@@ -556,3 +556,65 @@ fn the_router_cannot_forge_or_point_at_a_request() {
         );
     }
 }
+
+/// A thread anyone reads (an issue on a public repository) has untrusted
+/// readers whoever spoke there: a trusted worker's laptop output waits for
+/// a yes before it is posted there, unless the owner's `post_to` opens it.
+#[test]
+fn private_output_waits_where_anyone_reads() {
+    for open in [false, true] {
+        let mut core = Core::new(Budgets::default());
+        let mut w = TestWorld::new();
+        w.public.insert("thr_1".into());
+        if open {
+            w.open_sources.push("chat".into());
+        }
+        let id = with_worker(&mut core, &mut w);
+        // The Router's first turn ends; the report comes in the next one.
+        router_step(&mut core, &mut w, vec![]);
+        let fx = worker_step(
+            &mut core,
+            &mut w,
+            &id,
+            vec![(
+                "shell_start",
+                json!({"command": "uname -r", "machine": "lap"}),
+            )],
+        );
+        assert_eq!(starts(&fx), 1, "a trusted command runs: {fx:?}");
+        assert!(core.workers()[&id].flags.b());
+        worker_step(
+            &mut core,
+            &mut w,
+            &id,
+            vec![(
+                "report",
+                json!({"status": "done", "text": "the kernel is 6.18"}),
+            )],
+        );
+        let fx = router_step(
+            &mut core,
+            &mut w,
+            vec![(
+                "reply",
+                json!({"thread": "thr_1", "text": "the kernel is 6.18"}),
+            )],
+        );
+        let posted = replies(&fx)
+            .iter()
+            .any(|r| r.text.contains("6.18") && !r.text.starts_with("Approval needed"));
+        assert_eq!(posted, open, "open={open}: {fx:?}");
+        assert_eq!(core.approvals().len(), usize::from(!open), "open={open}");
+        if !open {
+            let req = replies(&fx)
+                .into_iter()
+                .find(|r| r.text.starts_with("Approval needed"))
+                .expect("the request");
+            assert!(
+                !req.text.contains("6.18"),
+                "not shown where anyone reads: {}",
+                req.text
+            );
+        }
+    }
+}
