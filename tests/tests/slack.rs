@@ -501,3 +501,43 @@ fn approvers_answer_with_a_button() {
     });
     assert_eq!(a["by"], "slack:T0001/U0ADA", "{a}");
 }
+
+/// A channel shared with another organisation is read by people outside
+/// the team: a trusted member's laptop output waits for a yes there, and
+/// the request does not show it.
+#[test]
+fn a_shared_channel_does_not_get_the_laptop_output_unasked() {
+    let api = slack_api();
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    server.trust(&["add", "slack:T0001/*"]);
+    let out = add_connector(&server, dir.path(), &format!("{}/api", api.url()));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut ask: Value = serde_json::from_str(&callback(
+        "Ev03ASK",
+        message(
+            "C0SHARED",
+            "1700000000.000300",
+            "<@UBOT> please run `echo shared-out` on lap",
+            json!({}),
+        ),
+    ))
+    .unwrap();
+    ask["is_ext_shared_channel"] = json!(true);
+    let (st, v) = signed(&server, &ask.to_string(), now_s());
+    assert_eq!(st, 200, "{v}");
+    let request = wait_for("the post's request", T, || {
+        posts(&api)
+            .into_iter()
+            .map(|r| r.json())
+            .find(|b| b["text"].as_str().unwrap_or("").contains("characters"))
+    });
+    let text = request["text"].as_str().unwrap();
+    assert!(text.contains("Approval needed"), "{text}");
+    assert!(
+        posts(&api)
+            .iter()
+            .all(|p| !p.json()["text"].as_str().unwrap_or("").contains("Done:")),
+        "the output was not posted"
+    );
+    assert!(!text.contains("shared-out"), "{text}");
+}

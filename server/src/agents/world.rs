@@ -250,14 +250,19 @@ impl LiveWorld {
         let Some(t) = self.store.get_thread(id).map_err(away)? else {
             return Ok(None);
         };
-        if t.kind != "github" {
-            return Ok(None);
-        }
-        let repo = crate::channels::thread_channel("github", &t.external);
-        let key = crate::channels::github::public_key(repo);
-        let public = self.store.channel_state(&t.source, &key).map_err(away)?;
-        Ok((public.as_deref() == Some(b"1"))
-            .then(|| format!("{repo} is a public repository: anyone reads {}", t.external)))
+        let why = match t.kind.as_str() {
+            "github" => "a public repository",
+            "slack" => "a channel shared with another organisation",
+            _ => return Ok(None),
+        };
+        let channel = crate::channels::thread_channel(&t.kind, &t.external);
+        let public = crate::channels::is_public(&self.store, &t.source, channel).map_err(away)?;
+        Ok(public.then(|| {
+            format!(
+                "{channel} is {why}: people outside the team read {}",
+                t.external
+            )
+        }))
     }
 }
 

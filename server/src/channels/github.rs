@@ -78,11 +78,6 @@ fn s<'a>(v: &'a Value, path: &[&str]) -> &'a str {
     cur.as_str().unwrap_or_default()
 }
 
-/// The channel state under which a repository's being public is kept.
-pub fn public_key(repo: &str) -> String {
-    format!("public/{repo}")
-}
-
 /// Records whether the payload's repository is public (`private: false`
 /// or `visibility: public`): anyone reads its issues and pull requests.
 /// A payload that does not say changes nothing.
@@ -100,12 +95,7 @@ pub fn note_visibility(
         (Some(private), None) => !private,
         (None, None) => return Ok(()),
     };
-    let key = public_key(repo);
-    let now: &[u8] = if public { b"1" } else { b"0" };
-    if store.channel_state(connector, &key)?.as_deref() != Some(now) {
-        store.batch(&[byom_store::Op::channel_state(connector, &key, now)])?;
-    }
-    Ok(())
+    super::note_public(store, connector, repo, public)
 }
 
 /// Maps a webhook to a trigger. `None`: the bot's own comment echoed back.

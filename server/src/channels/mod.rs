@@ -85,6 +85,42 @@ pub fn thread_channel<'a>(kind: &str, external: &'a str) -> &'a str {
     cut.map_or(external, |i| &external[..i])
 }
 
+/// The channel state under which a connector's channel (a GitHub
+/// repository, a Slack channel) is kept as read by anyone outside the
+/// team: a public repository, a channel shared with another organisation.
+pub fn public_key(channel: &str) -> String {
+    format!("public/{channel}")
+}
+
+/// Records whether `channel` of `connector` is read by people outside the
+/// team, as the provider's payload said (written only when it changes).
+pub fn note_public(
+    store: &byom_store::Store,
+    connector: &str,
+    channel: &str,
+    public: bool,
+) -> Result<(), byom_store::StoreError> {
+    let key = public_key(channel);
+    let now: &[u8] = if public { b"1" } else { b"0" };
+    if store.channel_state(connector, &key)?.as_deref() != Some(now) {
+        store.batch(&[byom_store::Op::channel_state(connector, &key, now)])?;
+    }
+    Ok(())
+}
+
+/// Whether `channel` of `connector` was last said to be read by people
+/// outside the team.
+pub fn is_public(
+    store: &byom_store::Store,
+    connector: &str,
+    channel: &str,
+) -> Result<bool, byom_store::StoreError> {
+    Ok(store
+        .channel_state(connector, &public_key(channel))?
+        .as_deref()
+        == Some(b"1"))
+}
+
 /// What a send came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Sent {

@@ -272,6 +272,13 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
     let Some(mut ev) = event_to_trigger(&c.name, team, &bot_user, &v["event"]) else {
         return (200, json!({"ignored": "not a new message from a person"}));
     };
+    // A channel shared with another organisation (Slack Connect) is read
+    // by people outside the team, whoever has spoken in it.
+    if let Some(shared) = v["is_ext_shared_channel"].as_bool() {
+        if let Err(e) = super::note_public(&ch.store, &c.name, &ev.channel, shared) {
+            return (503, json!({"error": e.to_string()}));
+        }
+    }
     if !ev.reply_to.is_empty() {
         ev.mention |= ch
             .store
