@@ -423,3 +423,24 @@ fn an_approver_answers_with_a_reaction() {
             })
     });
 }
+
+/// A public room is read by anyone who joins, whoever has spoken: the
+/// laptop's output, asked for by a trusted member, waits for a yes there
+/// and the request does not show it.
+#[test]
+fn a_public_room_does_not_get_the_laptop_output_unasked() {
+    let r = setup();
+    let (st, v) = r.syn.api(
+        "PUT",
+        &format!("/rooms/{}/state/m.room.join_rules/", enc(&r.room)),
+        &r.ada,
+        Some(json!({"join_rule": "public"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    r.text("byom: please run `echo in-public` on lap");
+    let ask = r.wait_bot("characters");
+    let body = ask["content"]["body"].as_str().unwrap();
+    assert!(body.contains("Approval needed"), "{body}");
+    assert!(!body.contains("in-public"), "{body}");
+    assert_eq!(r.count_bot("Done"), 0, "the output was not posted");
+}

@@ -253,6 +253,7 @@ impl LiveWorld {
         let why = match t.kind.as_str() {
             "github" => "a public repository",
             "slack" => "a channel shared with another organisation",
+            "matrix" => "a public room",
             _ => return Ok(None),
         };
         let channel = crate::channels::thread_channel(&t.kind, &t.external);

@@ -193,15 +193,15 @@ impl Provider for Matrix {
     }
 }
 
-/// The sync filter: messages, memberships and reactions (an approver's ✅
-/// on a request) only.
+/// The sync filter: messages, memberships, reactions (an approver's ✅ on
+/// a request) and who may join (a public room is read by anyone) only.
 fn filter() -> String {
     json!({
         "presence": {"not_types": ["*"]},
         "account_data": {"not_types": ["*"]},
         "room": {
-            "timeline": {"limit": TIMELINE_LIMIT, "types": ["m.room.message", "m.room.member", "m.reaction"]},
-            "state": {"types": ["m.room.member"], "lazy_load_members": true},
+            "timeline": {"limit": TIMELINE_LIMIT, "types": ["m.room.message", "m.room.member", "m.reaction", "m.room.join_rules"]},
+            "state": {"types": ["m.room.member", "m.room.join_rules"], "lazy_load_members": true},
             "ephemeral": {"not_types": ["*"]},
             "account_data": {"not_types": ["*"]},
         }
@@ -383,6 +383,15 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
             for (room, r) in rooms {
                 learn_names(&mut names, &r["state"]["events"]);
                 learn_names(&mut names, &r["timeline"]["events"]);
+                // Anyone may join (and read) a public room, whoever spoke.
+                if let Some(public) = public_room(&r["state"]["events"])
+                    .or_else(|| public_room(&r["timeline"]["events"]))
+                {
+                    if let Err(e) = super::note_public(store, &c.name, room, public) {
+                        tracing::warn!(connector = c.name, "cannot note who reads {room}: {e}");
+                        stored_all = false;
+                    }
+                }
                 let dm = store
                     .channel_state(&c.name, &format!("dm/{room}"))
                     .ok()
@@ -490,6 +499,16 @@ fn replies_to_bot(ch: &Channels, connector: &str, t: &pb::SendEventRequest) -> b
         .flatten()
         .and_then(|id| ch.store.get_trigger(&id).ok().flatten())
         .is_some_and(|r| r.from_bot && r.user == "byom")
+}
+
+/// Whether the room's latest join rule in `events` lets anyone in.
+fn public_room(events: &Value) -> Option<bool> {
+    events
+        .as_array()?
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "m.room.join_rules")
+        .map(|e| e["content"]["join_rule"] == "public")
 }
 
 fn learn_names(names: &mut HashMap<String, String>, events: &Value) {
