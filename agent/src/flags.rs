@@ -107,21 +107,6 @@ impl Flags {
 
     /// One line per flag held, with its causes.
     pub fn explain(&self) -> String {
-        let mut s = String::new();
-        for (name, list) in [
-            ("untrusted input", &self.untrusted),
-            ("sensitive access", &self.sensitive),
-            ("changes state or communicates", &self.acts),
-        ] {
-            if list.is_empty() {
-                continue;
-            }
-            let causes: Vec<String> = list
-                .iter()
-                .map(|c| format!("{} ({})", c.object, c.why))
-                .collect();
-            s.push_str(&format!("{name}: {}; ", causes.join(", ")));
-        }
-        s.trim_end_matches("; ").to_string()
+        self.summary(usize::MAX)
     }
 }

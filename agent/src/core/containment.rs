@@ -483,19 +483,7 @@ impl Core {
                 .map(|c| c.object.clone())
                 .find(|o| o.starts_with(Kind::Worker.prefix()))
                 .unwrap_or_else(|| "router".to_string());
-            let apr = self.ask(
-                world,
-                &worker,
-                ApprovalKind::Message,
-                "",
-                None,
-                &format!("post on {}", r.thread),
-                &approval::post_action(r),
-                after,
-                "",
-                Some(r.clone()),
-            );
-            return Ok(Some(apr));
+            return Ok(Some(self.hold_post(world, &worker, "", None, after, r)));
         }
         if speakers.is_empty() {
             if conversation || answers_here {
@@ -525,18 +513,7 @@ impl Core {
                     .reach(world, &machine, &wlabels)
                     .first()
                     .map(|m| m.labels.clone());
-                let apr = self.ask(
-                    world,
-                    &w,
-                    ApprovalKind::Message,
-                    &machine,
-                    labels.as_ref(),
-                    &format!("post on {}", r.thread),
-                    &approval::post_action(r),
-                    after,
-                    "",
-                    Some(r.clone()),
-                );
+                let apr = self.hold_post(world, &w, &machine, labels.as_ref(), after, r);
                 return Ok(Some(apr));
             }
             if here {
@@ -551,6 +528,31 @@ impl Core {
 
 /// Requests: written and posted by the core alone.
 impl Core {
+    /// Holds `r` for an approver's yes, asked for `worker` (its flags
+    /// `after` posting): the request that releases exactly that post.
+    fn hold_post(
+        &mut self,
+        world: &mut dyn World,
+        worker: &str,
+        machine: &str,
+        labels: Option<&BTreeMap<String, String>>,
+        after: Flags,
+        r: &Reply,
+    ) -> String {
+        self.ask(
+            world,
+            worker,
+            ApprovalKind::Message,
+            machine,
+            labels,
+            &format!("post on {}", r.thread),
+            &approval::post_action(r),
+            after,
+            "",
+            Some(r.clone()),
+        )
+    }
+
     /// Opens an approval request, written here and never by the Router:
     /// the exact `action`, where, why, who may answer and the code an
     /// answer must name. The core posts it on the worker's thread itself

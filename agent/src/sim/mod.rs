@@ -207,6 +207,24 @@ impl Agenda {
     }
 }
 
+/// The core as the store holds it after step `step` (a crash, a void
+/// step): what the driver rebuilds from.
+fn rebuild(
+    cfg: &SimConfig,
+    persisted: &BTreeMap<String, Vec<u8>>,
+    step: u64,
+) -> Result<Core, SimError> {
+    let (mut core, errors) = Core::rebuild_from_image(cfg.budgets.clone(), persisted, false);
+    if !errors.is_empty() {
+        return Err(SimError::Reload {
+            step,
+            why: errors.join("; "),
+        });
+    }
+    core.pass_through = cfg.pass_through;
+    Ok(core)
+}
+
 /// Replays `events` in simulated time until everything settles (or a
 /// simulated week passes).
 pub async fn run<P: Programs>(
@@ -295,16 +313,7 @@ pub async fn run_with_core<P: Programs>(
                 ) {
                     agenda.again(ev);
                 }
-                let (fresh, errors) =
-                    Core::rebuild_from_image(cfg.budgets.clone(), &persisted, false);
-                if !errors.is_empty() {
-                    return Err(SimError::Reload {
-                        step: steps,
-                        why: errors.join("; "),
-                    });
-                }
-                core = fresh;
-                core.pass_through = cfg.pass_through;
+                core = rebuild(cfg, &persisted, steps)?;
                 core.resume_effects()
             }
         };
@@ -331,15 +340,7 @@ pub async fn run_with_core<P: Programs>(
             fx.retain(|e| matches!(e, Effect::Reply(_)));
             report.crashes += 1;
             agenda.crash();
-            let (fresh, errors) = Core::rebuild_from_image(cfg.budgets.clone(), &persisted, false);
-            if !errors.is_empty() {
-                return Err(SimError::Reload {
-                    step: steps,
-                    why: errors.join("; "),
-                });
-            }
-            core = fresh;
-            core.pass_through = cfg.pass_through;
+            core = rebuild(cfg, &persisted, steps)?;
             core.check_invariants().map_err(|why| SimError::Invariant {
                 step: steps,
                 event: "reload".into(),
