@@ -16,10 +16,11 @@ pub mod client;
 pub mod retry;
 pub mod watch;
 
-/// Generated gRPC code (package `byom.admin.v1`).
+/// Generated gRPC code (package `byom.admin.v1`), committed like the
+/// protocol's messages (see `tests/tests/protos.rs`).
 pub mod proto {
     #![allow(clippy::all, missing_docs)]
-    include!(concat!(env!("OUT_DIR"), "/byom.admin.v1.rs"));
+    include!("gen/byom.admin.v1.rs");
 }
 
 pub use client::{connect, default_data_dir, load_creds, Client, ClientError, Creds};

@@ -2,33 +2,39 @@
 //! heartbeat, run what the server sends, and reconnect forever with
 //! exponential backoff and jitter. Commands keep running across connection
 //! losses; their results wait in the [`Runner`] for the next connection.
+//!
+//! This file is the connection's life (status, Hello, heartbeat, renewal,
+//! upgrade drain, reconnection); `transport` dials (QUIC, or TLS over TCP),
+//! `commands` serves the command streams, and `doctor` checks it all.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use byom_protocol::limits;
 use byom_protocol::pb::{self, to_daemon, to_server, ToDaemon, ToServer};
-use byom_protocol::{close, limits};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::exec::{Admission, Entry, Runner};
+use crate::exec::Runner;
 use crate::identity::Identity;
 use byom_wire::{read_frame, write_frame};
+
+mod commands;
+mod doctor;
+mod transport;
+use commands::accept_streams;
+pub use doctor::{doctor, Check};
+use transport::{
+    closed_for_good, connect_quic, connect_tcp, quic_probe_interval, revoked, QuicFail, Transport,
+    QUIC_FALLBACK_AFTER,
+};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection that lasted this long resets the backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(10);
-/// How long the daemon waits for the server to acknowledge an exit before
-/// keeping the result for the next connection.
-const ACK_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a command's start goes unreported: one that ends sooner says
-/// when it started in its exit record (a frame, a store write and a wake
-/// of its watchers fewer for the many short commands); a longer one shows
-/// `running` this much later.
-const START_REPORT_DELAY: Duration = Duration::from_millis(20);
 /// How often the certificate's remaining lifetime is checked.
 const RENEW_CHECK: Duration = Duration::from_secs(600);
 const STATUS_FILE: &str = "run.json";
@@ -93,95 +99,6 @@ fn set_status(dir: &Path, state: &str, server: &str, err: &str) {
         // Owner-only, like everything else in the config dir.
         let _ = crate::identity::write_atomic(&RunStatus::path(dir), &j, 0o600);
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Transport {
-    Quic,
-    Tcp,
-}
-
-impl Transport {
-    fn name(self) -> &'static str {
-        match self {
-            Transport::Quic => "quic",
-            Transport::Tcp => "tcp",
-        }
-    }
-}
-
-/// How long QUIC may stay silent before the daemon tries TCP.
-const QUIC_FALLBACK_AFTER: Duration = Duration::from_secs(3);
-/// How often a daemon on the TCP fallback checks whether QUIC works again.
-const QUIC_PROBE_EVERY: Duration = Duration::from_secs(30);
-
-fn quic_probe_interval() -> Duration {
-    std::env::var("BYOMD_QUIC_PROBE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(QUIC_PROBE_EVERY)
-}
-
-enum QuicFail {
-    /// Nothing answered: UDP may be blocked.
-    NoAnswer,
-    /// The server answered and refused.
-    Refused(quinn::ConnectionError),
-    Other(anyhow::Error),
-}
-
-async fn connect_quic(
-    addr: std::net::SocketAddr,
-    cfg: quinn::ClientConfig,
-    wait: Duration,
-) -> Result<(quinn::Connection, quinn::Endpoint), QuicFail> {
-    let endpoint = crate::pair::client_endpoint(addr).map_err(QuicFail::Other)?;
-    let connecting = endpoint
-        .connect_with(cfg, addr, byom_protocol::SERVER_NAME)
-        .map_err(|e| QuicFail::Other(e.into()))?;
-    match tokio::time::timeout(wait, connecting).await {
-        Err(_) => Err(QuicFail::NoAnswer),
-        Ok(Err(quinn::ConnectionError::TimedOut)) => Err(QuicFail::NoAnswer),
-        Ok(Err(e)) => Err(QuicFail::Refused(e)),
-        Ok(Ok(c)) => Ok((c, endpoint)),
-    }
-}
-
-/// The TCP fallback: TLS 1.3 to the server (CA pinned), then QUIC through
-/// it, so everything above the connection stays the same.
-async fn connect_tcp(
-    addr: std::net::SocketAddr,
-    ca_pem: &str,
-    cfg: quinn::ClientConfig,
-) -> anyhow::Result<(quinn::Connection, quinn::Endpoint)> {
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
-        .await
-        .context("TCP connect timed out")??;
-    tcp.set_nodelay(true)?;
-    let tls = crate::tls::tunnel_client_config(ca_pem)?;
-    let name = rustls::pki_types::ServerName::try_from(byom_protocol::SERVER_NAME)?;
-    let stream = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio_rustls::TlsConnector::from(Arc::new(tls)).connect(name, tcp),
-    )
-    .await
-    .context("TLS handshake timed out")??;
-    let socket = Arc::new(byom_wire::tunnel::StreamSocket::new());
-    let peer = socket.attach(stream, addr.to_string());
-    let endpoint = quinn::Endpoint::new_with_abstract_socket(
-        quinn::EndpointConfig::default(),
-        None,
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )?;
-    let conn = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        endpoint.connect_with(cfg, peer, byom_protocol::SERVER_NAME)?,
-    )
-    .await
-    .context("QUIC handshake over TCP timed out")??;
-    Ok((conn, endpoint))
 }
 
 enum End {
@@ -392,38 +309,6 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
             }
         }
         backoff = (backoff * 2).min(limits::RECONNECT_BACKOFF_MAX);
-    }
-}
-
-/// Whether the server has closed `conn` for good (revoked, unknown). Read
-/// it before closing the connection ourselves: quinn then replaces the
-/// peer's reason with `LocallyClosed`.
-fn revoked(conn: &quinn::Connection) -> Option<String> {
-    conn.close_reason().as_ref().and_then(closed_for_good)
-}
-
-fn closed_for_good(e: &quinn::ConnectionError) -> Option<String> {
-    match e {
-        quinn::ConnectionError::ApplicationClosed(c) => {
-            let reason = String::from_utf8_lossy(&c.reason).into_owned();
-            let code = c.error_code.into_inner();
-            if code == close::REVOKED as u64 {
-                Some(format!("this machine was revoked: {reason}"))
-            } else if code == close::UNKNOWN_MACHINE as u64 {
-                Some(format!(
-                    "the server does not know this machine: {reason}; pair it again"
-                ))
-            } else {
-                None
-            }
-        }
-        // TLS alert certificate_revoked (44) from the server's verifier.
-        quinn::ConnectionError::ConnectionClosed(c)
-            if c.error_code == quinn::TransportErrorCode::crypto(44) =>
-        {
-            Some("this machine's certificate was revoked by the server".into())
-        }
-        _ => None,
     }
 }
 
@@ -800,225 +685,6 @@ async fn heartbeat(
     }
 }
 
-async fn accept_streams(conn: &quinn::Connection, runner: &Arc<Runner>) -> String {
-    loop {
-        let (send, recv) = match conn.accept_bi().await {
-            Ok(s) => s,
-            Err(e) => return format!("connection lost: {e}"),
-        };
-        let runner = runner.clone();
-        tokio::spawn(async move {
-            if let Err(e) = handle_stream(send, recv, runner).await {
-                tracing::debug!("command stream ended: {e:#}");
-            }
-        });
-    }
-}
-
-fn error(code: &str, message: impl Into<String>) -> ToServer {
-    ToServer {
-        msg: Some(to_server::Msg::Error(pb::ErrorReply {
-            code: code.into(),
-            message: message.into(),
-        })),
-    }
-}
-
-async fn handle_stream(
-    mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
-    runner: Arc<Runner>,
-) -> anyhow::Result<()> {
-    let first: Option<ToDaemon> =
-        tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut recv)).await??;
-    let (entry, offsets) = match first.and_then(|f| f.msg) {
-        Some(to_daemon::Msg::Exec(req)) => {
-            tracing::info!(cmd = %req.command_id, "exec");
-            match runner.admit(req) {
-                Admission::Started(e) | Admission::Existing(e) => (e, [0, 0]),
-                Admission::AlreadyRan => {
-                    write_frame(
-                        &mut send,
-                        &error(
-                            "already_ran",
-                            "this daemon process already ran this command",
-                        ),
-                    )
-                    .await?;
-                    send.finish()?;
-                    return Ok(());
-                }
-                Admission::Refused(code, msg) => {
-                    write_frame(&mut send, &error(code, msg)).await?;
-                    send.finish()?;
-                    return Ok(());
-                }
-            }
-        }
-        Some(to_daemon::Msg::Attach(a)) => match runner.get(&a.command_id) {
-            Some(e) => (e, [a.stdout_offset, a.stderr_offset]),
-            None => {
-                write_frame(
-                    &mut send,
-                    &error(
-                        "unknown_command",
-                        "this daemon process does not hold this command",
-                    ),
-                )
-                .await?;
-                send.finish()?;
-                return Ok(());
-            }
-        },
-        _ => {
-            write_frame(&mut send, &error("bad_request", "expected Exec or Attach")).await?;
-            send.finish()?;
-            return Ok(());
-        }
-    };
-    serve_entry(send, recv, &entry, offsets, &runner).await
-}
-
-/// Streams a command's state and output from `offsets` until the server
-/// acknowledges its exit. Output is sent from the in-memory buffer, so a
-/// re-attach after a reconnect resumes exactly where the server's store is.
-async fn serve_entry(
-    mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
-    entry: &Arc<Entry>,
-    mut offsets: [u64; 2],
-    runner: &Arc<Runner>,
-) -> anyhow::Result<()> {
-    let (ack_tx, mut ack_rx) = mpsc::channel::<()>(1);
-    let reader_entry = entry.clone();
-    let reader = tokio::spawn(async move {
-        while let Ok(Some(f)) = read_frame::<ToDaemon>(&mut recv).await {
-            match f.msg {
-                Some(to_daemon::Msg::Cancel(c)) => {
-                    tracing::info!(cmd = %reader_entry.id, "cancel: {}", c.reason);
-                    reader_entry.cancel(if c.reason.is_empty() {
-                        "cancelled"
-                    } else {
-                        &c.reason
-                    });
-                }
-                Some(to_daemon::Msg::Ack(_)) => {
-                    let _ = ack_tx.send(()).await;
-                    return;
-                }
-                _ => {}
-            }
-        }
-    });
-    let _abort = AbortOnDrop(reader);
-    let mut changed = entry.subscribe();
-    let mut sent_started = false;
-    let mut sent_approval = false;
-    let mut report_start_at: Option<tokio::time::Instant> = None;
-    loop {
-        // Read exit before output: output is complete once exit is set.
-        let exit = entry.exit();
-        if !sent_approval && !sent_started {
-            if let Some(rule) = entry.awaiting() {
-                if entry.started().is_none() {
-                    write_frame(
-                        &mut send,
-                        &ToServer {
-                            msg: Some(to_server::Msg::Approval(pb::LocalApproval { rule })),
-                        },
-                    )
-                    .await?;
-                }
-                sent_approval = true;
-            }
-        }
-        if !sent_started {
-            if let Some(s) = entry.started() {
-                let output = [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
-                    .into_iter()
-                    .enumerate()
-                    .any(|(i, st)| !entry.output_from(st, offsets[i], 1).is_empty());
-                let due = report_start_at.is_some_and(|t| tokio::time::Instant::now() >= t);
-                if exit.is_some() && !sent_approval {
-                    // Said by the exit record.
-                    sent_started = true;
-                } else if sent_approval || output || due {
-                    // After an approval the server must hear it runs
-                    // before anything else; output is reported started.
-                    write_frame(
-                        &mut send,
-                        &ToServer {
-                            msg: Some(to_server::Msg::Started(s)),
-                        },
-                    )
-                    .await?;
-                    sent_started = true;
-                } else if report_start_at.is_none() {
-                    report_start_at = Some(tokio::time::Instant::now() + START_REPORT_DELAY);
-                }
-            }
-        }
-        for (i, stream) in [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
-            .into_iter()
-            .enumerate()
-        {
-            loop {
-                let data = entry.output_from(stream, offsets[i], limits::MAX_OUTPUT_CHUNK_BYTES);
-                if data.is_empty() {
-                    break;
-                }
-                let len = data.len() as u64;
-                let out = pb::Output {
-                    stream: stream as i32,
-                    offset: offsets[i],
-                    data,
-                };
-                write_frame(
-                    &mut send,
-                    &ToServer {
-                        msg: Some(to_server::Msg::Output(out)),
-                    },
-                )
-                .await?;
-                offsets[i] += len;
-            }
-        }
-        if let Some(exit) = exit {
-            write_frame(
-                &mut send,
-                &ToServer {
-                    msg: Some(to_server::Msg::Exit(exit)),
-                },
-            )
-            .await?;
-            match tokio::time::timeout(ACK_TIMEOUT, ack_rx.recv()).await {
-                Ok(Some(())) => {
-                    runner.acknowledge(&entry.id);
-                    let _ = send.finish();
-                }
-                _ => {
-                    tracing::debug!(cmd = %entry.id, "no acknowledgement: holding the result for the next connection")
-                }
-            }
-            return Ok(());
-        }
-        let start_due = report_start_at.filter(|_| !sent_started);
-        tokio::select! {
-            r = changed.changed() => if r.is_err() { return Ok(()); },
-            // The connection went away: the result waits for the next one.
-            _ = send.stopped() => return Ok(()),
-            _ = tokio::time::sleep_until(start_due.unwrap_or_else(tokio::time::Instant::now)), if start_due.is_some() => {}
-        }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Deregisters this machine (the server revokes it) over a one-off
 /// connection.
 pub async fn unpair(dir: &Path, ident: &Identity) -> anyhow::Result<()> {
@@ -1047,217 +713,6 @@ pub async fn unpair(dir: &Path, ident: &Identity) -> anyhow::Result<()> {
     endpoint.wait_idle().await;
     match resp.and_then(|r| r.msg) {
         Some(to_daemon::Msg::Unpair(_)) => Ok(()),
-        Some(to_daemon::Msg::Error(e)) => bail!("{}", e.message),
-        _ => bail!("unexpected reply"),
-    }
-}
-
-/// One line of `byomd doctor`.
-pub struct Check {
-    pub name: &'static str,
-    pub ok: bool,
-    /// What was found, and if not ok, what to do.
-    pub detail: String,
-}
-
-/// Clock skew beyond which TLS validity checks start to fail.
-const MAX_SKEW: Duration = Duration::from_secs(60);
-
-/// `byomd doctor`: checks everything `byomd run` depends on, each with a
-/// one-line verdict that says what to do.
-/// How long `doctor` waits for a QUIC answer before calling UDP blocked.
-const DOCTOR_PROBE: Duration = Duration::from_secs(10);
-
-pub async fn doctor(dir: &Path) -> Vec<Check> {
-    let mut out = Vec::new();
-    let mut check = |name, ok, detail: String| out.push(Check { name, ok, detail });
-    let ident = match Identity::load(dir) {
-        Ok(i) => {
-            check(
-                "config",
-                true,
-                format!("{} as {} ({})", dir.display(), i.name, i.machine_id),
-            );
-            i
-        }
-        Err(e) => {
-            check("config", false, format!("{e:#}"));
-            return out;
-        }
-    };
-    if ident.revoked {
-        check(
-            "identity",
-            false,
-            "the server revoked this machine: run `byomd unpair`, then pair again with a new token"
-                .into(),
-        );
-    }
-    let key = match ident.load_key(dir) {
-        Ok(k) => {
-            // Only a Unix file mode can make these worse.
-            #[cfg_attr(not(unix), allow(unused_mut))]
-            let mut detail = format!("{:?} store readable", ident.key_store).to_lowercase();
-            #[cfg_attr(not(unix), allow(unused_mut))]
-            let mut ok = true;
-            #[cfg(unix)]
-            if ident.key_store == crate::identity::KeyStore::File {
-                use std::os::unix::fs::PermissionsExt;
-                let mode = std::fs::metadata(dir.join("key.pem"))
-                    .map(|m| m.permissions().mode() & 0o777)
-                    .unwrap_or(0);
-                if mode & 0o077 != 0 {
-                    ok = false;
-                    detail = format!(
-                        "key.pem is mode {mode:o}: run `chmod 600 {}`",
-                        dir.join("key.pem").display()
-                    );
-                }
-            }
-            check("key", ok, detail);
-            Some(k)
-        }
-        Err(e) => {
-            check(
-                "key",
-                false,
-                format!("{e:#}; pair again if the key is gone"),
-            );
-            None
-        }
-    };
-    match crate::tls::cert_validity(&ident.cert_pem) {
-        Some((na, _)) if na > crate::now_ms() => check("certificate", true, format!("valid for {}h more; renewed automatically", (na - crate::now_ms()) / 3_600_000)),
-        Some(_) => check("certificate", false, "expired: `byomd run` renews it with the same key when it connects (if the server still knows this machine)".into()),
-        None => check("certificate", false, "unreadable: pair again".into()),
-    }
-    match crate::policy::Policy::load(dir) {
-        Ok(p) => {
-            check(
-                "policy",
-                true,
-                format!("{}: {}", p.path.display(), p.summary()),
-            );
-            let (ok, detail) = crate::sandbox::doctor(&p.file.sandbox);
-            check("sandbox", ok, detail);
-        }
-        Err(e) => check(
-            "policy",
-            false,
-            format!("{e:#}: fix the file; byomd run refuses to start with it"),
-        ),
-    }
-    if crate::is_paused(dir) {
-        check(
-            "paused",
-            false,
-            "you paused byomd: it takes no commands until `byomd resume`".into(),
-        );
-    }
-    match RunStatus::load(dir) {
-        Some(r) if r.state.starts_with("connected") => check(
-            "daemon",
-            true,
-            format!("byomd run (pid {}) is {}", r.pid, r.state),
-        ),
-        Some(r) => check(
-            "daemon",
-            false,
-            format!("byomd run (pid {}) is {}: {}", r.pid, r.state, r.last_error),
-        ),
-        None => check(
-            "daemon",
-            false,
-            "byomd run is not running: start it, or `byomd service install`".into(),
-        ),
-    }
-    let Some(key) = key else { return out };
-    let addr = match crate::pair::resolve(&ident.server_addr).await {
-        Ok(a) => a,
-        Err(e) => {
-            check("server", false, format!("{e:#}"));
-            return out;
-        }
-    };
-    let Ok(cfg) = crate::tls::machine_config(&ident.ca_pem, &ident.cert_pem, &key) else {
-        check(
-            "tls",
-            false,
-            "cannot build TLS settings from the identity: pair again".into(),
-        );
-        return out;
-    };
-    let mut conn_for_time = None;
-    // Generous: a slow, loaded machine is not a blocked one.
-    match connect_quic(addr, cfg.clone(), DOCTOR_PROBE).await {
-        Ok((c, e)) => {
-            check("udp", true, format!("QUIC handshake with {addr} works"));
-            conn_for_time = Some((c, e));
-        }
-        Err(QuicFail::NoAnswer) => check(
-            "udp",
-            false,
-            format!("no QUIC answer from {addr}: UDP may be blocked; byomd falls back to TCP"),
-        ),
-        Err(QuicFail::Refused(e)) => check(
-            "udp",
-            false,
-            format!("the server refused this machine: {e}"),
-        ),
-        Err(QuicFail::Other(e)) => check("udp", false, format!("{e:#}")),
-    }
-    match connect_tcp(addr, &ident.ca_pem, cfg).await {
-        Ok((c, e)) => {
-            check("tcp", true, format!("TCP fallback to {addr} works"));
-            if conn_for_time.is_none() {
-                conn_for_time = Some((c, e));
-            } else {
-                c.close(0u32.into(), b"doctor");
-            }
-        }
-        Err(e) => check("tcp", false, format!("TCP fallback to {addr} fails: {e:#}")),
-    }
-    if let Some((c, e)) = conn_for_time {
-        match server_time(&c).await {
-            Ok(server_ms) => {
-                let local = crate::now_ms();
-                let skew = Duration::from_millis(local.abs_diff(server_ms));
-                if skew > MAX_SKEW {
-                    check("clock", false, format!("this clock is {}s off the server's: enable NTP (e.g. timedatectl set-ntp true)", skew.as_secs()));
-                } else {
-                    check(
-                        "clock",
-                        true,
-                        format!("within {}ms of the server", skew.as_millis()),
-                    );
-                }
-            }
-            Err(err) => check(
-                "clock",
-                false,
-                format!("cannot ask the server's time: {err:#}"),
-            ),
-        }
-        c.close(0u32.into(), b"doctor");
-        e.wait_idle().await;
-    }
-    out
-}
-
-async fn server_time(conn: &quinn::Connection) -> anyhow::Result<u64> {
-    let (mut send, mut recv) = conn.open_bi().await?;
-    write_frame(
-        &mut send,
-        &ToServer {
-            msg: Some(to_server::Msg::Ping(pb::Ping { seq: 1 })),
-        },
-    )
-    .await?;
-    send.finish()?;
-    let r: Option<ToDaemon> =
-        tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut recv)).await??;
-    match r.and_then(|r| r.msg) {
-        Some(to_daemon::Msg::Pong(p)) => Ok(p.server_time_ms),
         Some(to_daemon::Msg::Error(e)) => bail!("{}", e.message),
         _ => bail!("unexpected reply"),
     }

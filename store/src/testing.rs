@@ -13,6 +13,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long the cluster may take to start.
@@ -89,7 +91,71 @@ fn command(bin: &Path, name: &str, as_user: Option<(u32, u32)>) -> Command {
     c
 }
 
+/// This process's cluster, shared by its tests: each takes databases of
+/// its own ([`PgCluster::fresh_url`]), so a test binary pays for one
+/// `initdb` and one start, not one per test.
+static SHARED: OnceLock<Arc<PgCluster>> = OnceLock::new();
+
+/// How many databases [`PgCluster::fresh_url`] has made in this process.
+static FRESH: AtomicU64 = AtomicU64::new(0);
+
 impl PgCluster {
+    /// The cluster of this test process, started on first use and stopped
+    /// (its directory removed) when the process exits. Tests that stop,
+    /// restart or reconfigure a cluster start one of their own instead.
+    pub fn shared() -> Arc<PgCluster> {
+        SHARED
+            .get_or_init(|| {
+                // The postmaster gets a signal when the thread that started
+                // it ends (its parent-death signal), so it is started on a
+                // thread that lives as long as the process.
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::Builder::new()
+                    .name("test-cluster".into())
+                    .spawn(move || {
+                        let started = std::panic::catch_unwind(PgCluster::start);
+                        let failed = started.is_err();
+                        let _ = tx.send(started.map_err(|p| {
+                            p.downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_default()
+                        }));
+                        if failed {
+                            return;
+                        }
+                        loop {
+                            std::thread::park();
+                        }
+                    })
+                    .expect("a thread for the test cluster");
+                let cluster = match rx.recv() {
+                    Ok(Ok(c)) => Arc::new(c),
+                    Ok(Err(why)) => panic!("the shared test cluster did not start: {why}"),
+                    Err(_) => panic!("the shared test cluster did not start"),
+                };
+                // SAFETY: registers a plain function; it runs at exit, when
+                // the tests are over.
+                unsafe { libc::atexit(stop_shared) };
+                cluster
+            })
+            .clone()
+    }
+
+    /// The name of a database nobody else in this process uses, created now.
+    pub fn fresh_database(&self) -> String {
+        let n = FRESH.fetch_add(1, Ordering::Relaxed);
+        let db = format!("t{n}");
+        self.url(&db);
+        db
+    }
+
+    /// The URL of a database nobody else in this process uses, created now.
+    pub fn fresh_url(&self) -> String {
+        let db = self.fresh_database();
+        self.url(&db)
+    }
+
     /// A cluster without fsync: for tests, where a crash of the machine is
     /// not what is being tested.
     pub fn start() -> PgCluster {
@@ -154,7 +220,7 @@ impl PgCluster {
             .arg(dir)
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", &format!("fsync={}", if fsync { "on" } else { "off" })])
-            .args(["-c", "max_connections=200"])
+            .args(["-c", "max_connections=400"])
             .args(["-c", "ssl=on", "-c", "ssl_cert_file=server.crt"])
             .args(["-c", "ssl_key_file=server.key"]);
         // More settings for a look inside, e.g. `log_statement=all`.
@@ -344,6 +410,15 @@ impl PgCluster {
         let mut server = self.server.lock().unwrap_or_else(|p| p.into_inner());
         let bin = pg_bin_dir().expect("PostgreSQL is installed");
         *server = Self::postgres(&bin, &self.dir, self.port, self.fsync, run_as());
+    }
+}
+
+/// Stops the shared cluster and removes its directory: statics are never
+/// dropped, so without this every test binary would leave one behind.
+extern "C" fn stop_shared() {
+    if let Some(c) = SHARED.get() {
+        c.kill();
+        let _ = std::fs::remove_dir_all(&c.dir);
     }
 }
 

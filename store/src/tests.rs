@@ -11,7 +11,7 @@ enum Fixture {
     Sled(tempfile::TempDir),
     Postgres {
         /// Kept running for the test.
-        _cluster: crate::testing::PgCluster,
+        _cluster: Arc<crate::testing::PgCluster>,
         url: String,
     },
 }
@@ -44,8 +44,8 @@ fn both(test: impl Fn(&Fixture)) {
     eprintln!("on sled");
     test(&Fixture::Sled(tempfile::tempdir().unwrap()));
     eprintln!("on PostgreSQL");
-    let pg = crate::testing::PgCluster::start();
-    let url = pg.url("byom");
+    let pg = crate::testing::PgCluster::shared();
+    let url = pg.fresh_url();
     test(&Fixture::Postgres { _cluster: pg, url });
 }
 
@@ -663,7 +663,14 @@ fn callers_dropped_mid_flush_do_not_strand_the_others() {
     let (_dir, kv, s, rt) = slow_flushes(2);
     let ms = std::time::Duration::from_millis;
     rt.block_on(async {
-        for round in 0..5 {
+        // A round proves something only if the waiter was dropped while the
+        // leader's flush ran; on a loaded machine this task may wake after
+        // the flush ended, and that round is run again (bounded).
+        let mut proved = 0;
+        for round in 0..50 {
+            if proved == 5 {
+                break;
+            }
             // The leader flushes without yielding: a timeout cannot drop it
             // between its flush and the announcement.
             let led = tokio::time::timeout(ms(2), s.flush_async()).await;
@@ -678,7 +685,9 @@ fn callers_dropped_mid_flush_do_not_strand_the_others() {
                 tokio::time::sleep(std::time::Duration::from_micros(100)).await;
             }
             let waited = tokio::time::timeout(ms(2), s.flush_async()).await;
-            assert!(waited.is_err(), "round {round}: the flush was not slow");
+            if waited.is_err() {
+                proved += 1;
+            }
             leader.await.unwrap().unwrap();
             // A caller after them still gets a flush, promptly.
             tokio::time::timeout(std::time::Duration::from_secs(5), s.flush_async())
@@ -686,6 +695,7 @@ fn callers_dropped_mid_flush_do_not_strand_the_others() {
                 .unwrap_or_else(|_| panic!("round {round}: stranded by a dropped caller"))
                 .unwrap();
         }
+        assert_eq!(proved, 5, "too few rounds dropped a waiter mid-flush");
     });
     assert!(kv.flushes.lock().unwrap().len() >= 15);
 }
@@ -696,7 +706,7 @@ fn callers_dropped_mid_flush_do_not_strand_the_others() {
 fn postgres_answers_as_sled_does() {
     let dir = tempfile::tempdir().unwrap();
     let sled = SledBackend::open(dir.path()).unwrap();
-    let cluster = crate::testing::PgCluster::start();
+    let cluster = crate::testing::PgCluster::shared();
     let pg = PgBackend::connect(&cluster.url("diff")).unwrap();
     fastrand::seed(7);
     // Few keys, some sharing prefixes and bytes above 0x7f, so that ranges,
@@ -835,7 +845,7 @@ fn postgres_answers_as_sled_does() {
 
 #[test]
 fn postgres_refuses_a_newer_schema() {
-    let cluster = crate::testing::PgCluster::start();
+    let cluster = crate::testing::PgCluster::shared();
     let url = cluster.url("newer");
     drop(PgBackend::connect(&url).unwrap());
     // Twice is fine: migrations already applied are not applied again.
@@ -861,7 +871,7 @@ fn postgres_refuses_a_newer_schema() {
 
 #[test]
 fn postgres_reconnects_after_the_database_drops_its_connections() {
-    let cluster = crate::testing::PgCluster::start();
+    let cluster = crate::testing::PgCluster::shared();
     let url = cluster.url("reconnect");
     let pg = PgBackend::connect(&url).unwrap();
     pg.put(Space::Tokens, b"k", b"v").unwrap();
@@ -896,7 +906,7 @@ fn postgres_reconnects_after_the_database_drops_its_connections() {
 
 #[test]
 fn postgres_notices_reach_every_process_sharing_the_store() {
-    let cluster = crate::testing::PgCluster::start();
+    let cluster = crate::testing::PgCluster::shared();
     let url = cluster.url("notices");
     let a = PgBackend::connect(&url).unwrap();
     let b = PgBackend::connect(&url).unwrap();
@@ -955,7 +965,7 @@ fn an_unreachable_or_malformed_database_is_a_clear_error() {
 
 #[test]
 fn postgres_over_tls_checks_the_server_as_libpq_does() {
-    let cluster = crate::testing::PgCluster::start();
+    let cluster = crate::testing::PgCluster::shared();
     cluster.url("tlsonly");
     let port = cluster.port();
     let ca = cluster.ca_file();

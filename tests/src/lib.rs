@@ -119,6 +119,43 @@ pub struct SharedStore {
 }
 
 impl SharedStore {
+    /// A database of its own for the test in `dir` (the same one each time
+    /// it is asked for `dir`: a test restarts servers on their data), on
+    /// this test binary's one cluster. Tests that stop or restart the
+    /// cluster itself use [`SharedStore::in_dir`].
+    pub fn database(dir: &Path) -> SharedStore {
+        static DATABASES: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
+        let cluster = byom_store::testing::PgCluster::shared();
+        let db = {
+            let mut known = DATABASES.lock().unwrap_or_else(|p| p.into_inner());
+            match known.iter().find(|(d, _)| d == dir) {
+                Some((_, db)) => db.clone(),
+                None => {
+                    let db = cluster.fresh_database();
+                    known.push((dir.to_path_buf(), db.clone()));
+                    db
+                }
+            }
+        };
+        SharedStore::reached(cluster, &db, dir)
+    }
+
+    /// How a server reaches database `db` on `cluster`: as production
+    /// should, encrypted, its certificate checked against the CA and the
+    /// name.
+    fn reached(cluster: Arc<byom_store::testing::PgCluster>, db: &str, dir: &Path) -> SharedStore {
+        let url = format!(
+            "postgres://byom@localhost:{}/{db}?sslmode=verify-full&sslrootcert={}",
+            cluster.port(),
+            cluster.ca_file().display()
+        );
+        SharedStore {
+            cluster,
+            url,
+            key_file: dir.join("store.key"),
+        }
+    }
+
     /// A cluster in `<dir>/pg` (started again on its data if a test
     /// restarts), with database `byom`.
     pub fn in_dir(dir: &Path) -> SharedStore {
@@ -140,20 +177,9 @@ impl SharedStore {
                 c
             }
         };
-        // Creates database `byom`; it is reached as production should
-        // reach it: encrypted, its certificate checked against the CA and
-        // the name.
+        // Creates database `byom`.
         cluster.url("byom");
-        let url = format!(
-            "postgres://byom@localhost:{}/byom?sslmode=verify-full&sslrootcert={}",
-            cluster.port(),
-            cluster.ca_file().display()
-        );
-        SharedStore {
-            cluster,
-            url,
-            key_file: dir.join("store.key"),
-        }
+        SharedStore::reached(cluster, "byom", dir)
     }
 }
 
@@ -203,7 +229,7 @@ impl Server {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            store: test_store_is_postgres().then(|| SharedStore::in_dir(dir)),
+            store: test_store_is_postgres().then(|| SharedStore::database(dir)),
         };
         s.launch();
         s

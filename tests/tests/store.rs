@@ -19,7 +19,7 @@ fn exec(server: &Server, args: &[&str]) -> String {
 #[test]
 fn a_fresh_data_dir_and_the_store_url_are_all_a_replica_needs() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SharedStore::in_dir(dir.path());
+    let store = SharedStore::database(dir.path());
     let a = Server::replica(dir.path(), "a", &store, &[]);
     let tok = a.token(&["--name", "lap"]);
     let mut d = Daemon::new(dir.path(), "lap");
@@ -104,7 +104,7 @@ fn migrate_moves_an_embedded_server_into_postgres() {
     let unused = old.token(&["--name", "later"]);
 
     // Into PostgreSQL: refused while the server runs, fine once stopped.
-    let store = SharedStore::in_dir(dir.path());
+    let store = SharedStore::database(dir.path());
     let from = old.data_dir.clone();
     let migrate = || {
         std::process::Command::new(byom_tests::bin("byom"))

@@ -72,7 +72,7 @@ fn find_byomd() -> anyhow::Result<PathBuf> {
             }
         }
     }
-    bail!("cannot find the byomd binary next to {} or on PATH: build it with `cargo build --workspace`", me.display())
+    bail!("cannot find the byomd binary next to {} or on PATH: build it with `cargo build -p byom-daemon`", me.display())
 }
 
 fn log_file(dir: &Path, name: &str) -> anyhow::Result<Stdio> {

@@ -140,6 +140,8 @@ fn placeholders(words: &[Arg], marker: &str) -> Vec<Arg> {
         .collect()
 }
 
+// Dispatch by name, and the wrappers a `Spec` describes (`env`, `sudo`,
+// `xargs`, `timeout`, …).
 impl Walk {
     /// What program `name` runs, given `args`, besides itself.
     pub(super) fn runs(&mut self, name: &str, args: &[Arg], cx: &Ctx) {
@@ -352,7 +354,12 @@ impl Walk {
         }
         self.words(inner, cx.clone());
     }
+}
 
+// Programs whose syntax no table can say, each read by hand: the shell
+// `su` and `sg` start, gdb's batch commands, tmux's commands and `find`'s
+// actions.
+impl Walk {
     /// `su [options] [user [args]]` and `runuser`: a shell (the user's, or
     /// `-s SHELL`) runs `-c LINE` and the words after the user; `runuser
     /// -u USER CMD…` runs the command itself.

@@ -1,6 +1,7 @@
 //! Tests of `crate::shell` (kept here, under `policy/`, so `shell.rs` stays
 //! within the size limit; it is still the module `shell::tests`).
 
+use super::words::ansi_c;
 use super::*;
 
 fn first_words(line: &str) -> Vec<Option<String>> {
