@@ -52,11 +52,7 @@ pub fn digest(kind: &str, machine: &str, action: &str) -> String {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part.as_bytes());
     }
-    h.finalize()
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    byom_protocol::hex(&h.finalize()[..16])
 }
 
 /// Whether `word` is a mention of someone (the bot) that a channel puts

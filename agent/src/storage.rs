@@ -82,6 +82,15 @@ impl Conversation {
     pub fn messages(&self) -> &[Message] {
         &self.messages
     }
+    /// The stored numbers of its messages, in order (also right for a
+    /// record loaded without its messages).
+    pub fn seqs(&self) -> &[u64] {
+        &self.seqs
+    }
+    /// The number the next message gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next
+    }
     /// Messages in the conversation (also right for a record loaded
     /// without its messages).
     pub fn len(&self) -> usize {

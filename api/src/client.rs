@@ -12,8 +12,68 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::admin_client::AdminClient;
+use crate::proto::{
+    admins_client::AdminsClient, approvals_client::ApprovalsClient,
+    connectors_client::ConnectorsClient, outbox_client::OutboxClient,
+    sources_client::SourcesClient, tasks_client::TasksClient, trust_client::TrustClient,
+};
 
-pub type Client = AdminClient<Channel>;
+/// Largest reply a client takes (a worker's transcript, a command's
+/// output page).
+const MAX_REPLY: usize = byom_protocol::limits::MAX_FRAME_BYTES * 4;
+
+/// A connection to the API: the `Admin` service's calls directly (it
+/// dereferences to its client), the other services by area through
+/// [`Client::tasks`] and friends, all over the one connection.
+#[derive(Clone, Debug)]
+pub struct Client {
+    admin: AdminClient<Channel>,
+    channel: Channel,
+}
+
+impl std::ops::Deref for Client {
+    type Target = AdminClient<Channel>;
+    fn deref(&self) -> &Self::Target {
+        &self.admin
+    }
+}
+
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.admin
+    }
+}
+
+impl Client {
+    fn new(channel: Channel) -> Client {
+        Client {
+            admin: AdminClient::new(channel.clone()).max_decoding_message_size(MAX_REPLY),
+            channel,
+        }
+    }
+    /// Tasks, workers, threads, the Router.
+    pub fn tasks(&self) -> TasksClient<Channel> {
+        TasksClient::new(self.channel.clone()).max_decoding_message_size(MAX_REPLY)
+    }
+    pub fn approvals(&self) -> ApprovalsClient<Channel> {
+        ApprovalsClient::new(self.channel.clone()).max_decoding_message_size(MAX_REPLY)
+    }
+    pub fn trust(&self) -> TrustClient<Channel> {
+        TrustClient::new(self.channel.clone()).max_decoding_message_size(MAX_REPLY)
+    }
+    pub fn admins(&self) -> AdminsClient<Channel> {
+        AdminsClient::new(self.channel.clone()).max_decoding_message_size(MAX_REPLY)
+    }
+    pub fn connectors(&self) -> ConnectorsClient<Channel> {
+        ConnectorsClient::new(self.channel.clone()).max_decoding_message_size(MAX_REPLY)
+    }
+    pub fn outbox(&self) -> OutboxClient<Channel> {
+        OutboxClient::new(self.channel.clone()).max_decoding_message_size(MAX_REPLY)
+    }
+    pub fn sources(&self) -> SourcesClient<Channel> {
+        SourcesClient::new(self.channel.clone()).max_decoding_message_size(MAX_REPLY)
+    }
+}
 
 /// How long connecting to the API may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -183,8 +243,7 @@ pub async fn connect(creds: &Creds) -> Result<Client, ClientError> {
         }))
         .await
         .map_err(|source| classify(creds, source))?;
-    Ok(AdminClient::new(channel)
-        .max_decoding_message_size(byom_protocol::limits::MAX_FRAME_BYTES * 4))
+    Ok(Client::new(channel))
 }
 
 /// What a failed connection means to the person running the CLI.

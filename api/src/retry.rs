@@ -13,17 +13,10 @@ const PAUSE: Duration = Duration::from_millis(500);
 
 /// A fresh idempotency key, for one invocation of a creating call.
 pub fn new_key() -> String {
-    let mut b = [0u8; 16];
-    // Without randomness the key is still unique enough per process run.
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b.copy_from_slice(&t.to_le_bytes());
-    }
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("cli-{hex}")
+    format!(
+        "cli-{}",
+        byom_protocol::hex(&byom_protocol::random::bytes::<16>())
+    )
 }
 
 /// Whether a call may not have reached the server or its answer was lost:

@@ -178,8 +178,7 @@ impl Default for Runner {
 
 impl Runner {
     pub fn new() -> Self {
-        let mut r = [0u8; 8];
-        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+        let r = byom_protocol::random::bytes::<8>();
         Self {
             table: Mutex::new(Table::default()),
             instance_id: format!("{}-{}", std::process::id(), crate::tls::hex(&r)),

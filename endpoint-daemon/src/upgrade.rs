@@ -442,8 +442,7 @@ fn install(src: &Path, exe: &Path) -> anyhow::Result<()> {
     if std::fs::rename(src, exe).is_ok() {
         return Ok(());
     }
-    let mut r = [0u8; 8];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+    let r = byom_protocol::random::bytes::<8>();
     let tmp = exe.with_file_name(format!(".byomd.new.{}", byom_wire::hex(&r)));
     let mut f = create_fresh(&tmp)?;
     std::io::copy(&mut std::fs::File::open(src)?, &mut f)

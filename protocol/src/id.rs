@@ -92,9 +92,7 @@ macro_rules! typed_id {
         impl $name {
             /// A fresh ID for the given time. Randomness comes from the OS.
             pub fn new(time_ms: u64) -> Self {
-                let mut random = [0u8; 10];
-                // The OS RNG failing is unrecoverable for any secure program.
-                getrandom::fill(&mut random).expect("OS random number generator failed");
+                let random = crate::random::bytes::<10>();
                 Self(format!(
                     "{}{}",
                     $kind.prefix(),

@@ -17,6 +17,7 @@ pub mod id;
 pub mod limits;
 pub mod manifest;
 pub mod names;
+pub mod random;
 pub mod time;
 pub mod token;
 
@@ -24,7 +25,22 @@ pub mod token;
 /// needs no protobuf compiler: `tests/tests/protos.rs` fails when they are
 /// not what `proto/byom.proto` gives, and rewrites them when asked.
 #[allow(clippy::all, missing_docs)]
+/// Lower-case hex of `bytes`: the one encoder for digests, keys and
+/// fingerprints that people and files see.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    s
+}
+
 pub mod pb {
+    // Generated: a oneof's variants are as large as their messages, and
+    // these live only while a reply is encoded or read.
+    #![allow(clippy::large_enum_variant)]
     include!("gen/byom.v1.rs");
 }
 

@@ -85,14 +85,7 @@ fn hex32(s: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// Lower-case hex of a digest.
-pub fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
+pub use crate::hex;
 
 impl Manifest {
     pub fn parse(bytes: &[u8]) -> Result<Manifest, ManifestError> {

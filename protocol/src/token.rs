@@ -31,8 +31,7 @@ pub enum TokenError {
 impl PairingToken {
     /// A token with a fresh random secret.
     pub fn generate(ca_sha256: [u8; FP_LEN], server_addr: String) -> Self {
-        let mut secret = [0u8; SECRET_LEN];
-        getrandom::fill(&mut secret).expect("OS random number generator failed");
+        let secret = crate::random::bytes::<SECRET_LEN>();
         Self {
             ca_sha256,
             secret,

@@ -74,9 +74,7 @@ fn validity(params: &mut CertificateParams, ttl: Duration) {
 }
 
 fn random_serial() -> SerialNumber {
-    let mut b = [0u8; 16];
-    // ring's SystemRandom never fails on supported platforms.
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    let mut b = byom_protocol::random::bytes::<16>();
     b[0] &= 0x7f;
     SerialNumber::from_slice(&b)
 }

@@ -325,11 +325,7 @@ rc_invites:
             hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY,
             SHARED_SECRET.as_bytes(),
         );
-        let mac: String = hmac::sign(&key, msg.as_bytes())
-            .as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let mac = byom_protocol::hex(hmac::sign(&key, msg.as_bytes()).as_ref());
         let body = json!({"nonce": nonce, "username": user, "password": password,
                           "admin": false, "mac": mac})
         .to_string();

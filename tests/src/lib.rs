@@ -972,13 +972,7 @@ pub fn byom_headers(key: &[u8], body: &str) -> String {
 pub fn webhook_sign(key: &[u8], body: &str) -> String {
     use ring::hmac;
     let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), body.as_bytes());
-    format!(
-        "sha256={}",
-        tag.as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    )
+    format!("sha256={}", byom_protocol::hex(tag.as_ref()))
 }
 
 /// A copy of the built byomd whose version stamp says `version`: a "newer

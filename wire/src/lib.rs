@@ -60,9 +60,7 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     out
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use byom_protocol::hex;
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
 pub fn now_ms() -> u64 {

@@ -7,10 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use byom_protocol::pb;
 use clap::Subcommand;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::agent::{agent, s};
+use super::agent::{self, s};
 use super::output::print_json;
 use super::Global;
 
@@ -39,10 +40,10 @@ pub enum AdminsCmd {
 
 pub async fn run(g: &Global, cmd: AdminsCmd) -> anyhow::Result<i32> {
     let creds = byom_api::load_creds(g.creds.as_deref(), g.api.as_deref())?;
-    let mut c = byom_api::connect(&creds).await?;
+    let c = byom_api::connect(&creds).await?;
     match cmd {
         AdminsCmd::Ls { json } => {
-            let v = agent(&mut c, "admins", "", Value::Null).await?;
+            let v = agent::admins(&c).await?;
             if json {
                 print_json(&v);
                 return Ok(0);
@@ -74,7 +75,7 @@ pub async fn run(g: &Global, cmd: AdminsCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         AdminsCmd::Revoke { name } => {
-            let r = agent(&mut c, "admins_revoke", "", json!({ "name": name })).await?;
+            let r = agent::revoke_admin(&c, &name).await?;
             println!(
                 "revoked {name} (by {}, {}): the server refuses their certificate from now on",
                 s(&r, "revoked_by"),
@@ -95,7 +96,7 @@ pub async fn run(g: &Global, cmd: AdminsCmd) -> anyhow::Result<i32> {
                 .serialize_request(&key)
                 .and_then(|r| r.pem())
                 .context("cannot make a certificate request")?;
-            let v = agent(&mut c, "admins_add", "", json!({"name": name, "csr": csr})).await?;
+            let v = agent::add_admin(&c, &name, &csr).await?;
             write_bundle(&dir, &v, &key.serialize_pem(), &creds.api_addr)?;
             println!(
                 "issued a personal admin certificate for {name} in {}",
@@ -110,11 +111,16 @@ pub async fn run(g: &Global, cmd: AdminsCmd) -> anyhow::Result<i32> {
     }
 }
 
-fn write_bundle(dir: &Path, v: &Value, key_pem: &str, api_addr: &str) -> anyhow::Result<()> {
+fn write_bundle(
+    dir: &Path,
+    v: &pb::AddAdminResponse,
+    key_pem: &str,
+    api_addr: &str,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let files = [
-        ("ca.pem", s(v, "ca_pem").to_string(), 0o644),
-        ("admin.pem", s(v, "cert_pem").to_string(), 0o644),
+        ("ca.pem", v.ca_pem.clone(), 0o644),
+        ("admin.pem", v.cert_pem.clone(), 0o644),
         ("admin.key", key_pem.to_string(), 0o600),
         (
             "api.json",

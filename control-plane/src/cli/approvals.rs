@@ -3,9 +3,9 @@
 use anyhow::Context;
 use byom_api::Client;
 use clap::Subcommand;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::agent::{agent, s};
+use super::agent::{self, s};
 use super::output::{ago_at, one_line, print_json};
 
 #[derive(Subcommand, Debug)]
@@ -47,7 +47,7 @@ fn parse_answer(a: Option<String>) -> anyhow::Result<Value> {
 pub async fn run(c: &mut Client, cmd: ApprovalsCmd) -> anyhow::Result<i32> {
     match cmd {
         ApprovalsCmd::Ls { all, json } => {
-            let v = agent(c, "approvals", "", json!({"all": all})).await?;
+            let v = agent::approvals(c, all).await?;
             if json {
                 print_json(&v);
                 return Ok(0);
@@ -102,24 +102,12 @@ pub async fn run(c: &mut Client, cmd: ApprovalsCmd) -> anyhow::Result<i32> {
         }
         ApprovalsCmd::Approve { id, answer } => {
             let answer = parse_answer(answer)?;
-            agent(
-                c,
-                "answer",
-                &id,
-                json!({"approved": true, "answer": answer}),
-            )
-            .await?;
+            agent::answer(c, &id, true, &answer).await?;
             println!("approved {id}: the program continues");
         }
         ApprovalsCmd::Deny { id, answer } => {
             let answer = parse_answer(answer)?;
-            agent(
-                c,
-                "answer",
-                &id,
-                json!({"approved": false, "answer": answer}),
-            )
-            .await?;
+            agent::answer(c, &id, false, &answer).await?;
             println!("denied {id}: the program continues without it");
         }
     }

@@ -189,7 +189,7 @@ pub async fn run(c: &mut Client, mut a: ChatArgs) -> anyhow::Result<i32> {
 /// The thread's work has answered: no worker on it is still running (each
 /// is done, idle, failed, cancelled, or waiting on a person's answer).
 async fn settled(c: &mut Client, thread: &str) -> bool {
-    let Ok(v) = super::agent::agent(c, "thread", thread, serde_json::Value::Null).await else {
+    let Ok(v) = super::agent::thread(c, thread).await else {
         return false;
     };
     v["workers"].as_array().is_some_and(|ws| {

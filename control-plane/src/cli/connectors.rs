@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use byom_api::Client;
 use clap::{Args, Subcommand};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::agent::s;
+use super::agent::{self, s};
 use super::output::{or_dash, print_json, safe, table};
+use byom_protocol::pb;
 
 #[derive(Subcommand, Debug)]
 pub enum ConnectorsCmd {
@@ -169,20 +170,7 @@ fn secret(path: &Path, what: &str) -> anyhow::Result<String> {
     Ok(t)
 }
 
-/// One channels request.
-/// One channels request, retried across a server restart (adding the same
-/// connector again answers with the first).
-pub(super) async fn call(c: &mut Client, op: &str, id: &str, body: Value) -> anyhow::Result<Value> {
-    let req = super::agent::request(op, id, &body);
-    let r = byom_api::until_answered(|| {
-        let (mut c, req) = (c.clone(), req.clone());
-        async move { c.channels(req).await }
-    })
-    .await?;
-    super::agent::answer(r.into_inner())
-}
-
-fn add_body(cmd: AddCmd) -> anyhow::Result<(Value, bool)> {
+fn add_body(cmd: AddCmd) -> anyhow::Result<(pb::Connector, bool)> {
     Ok(match cmd {
         AddCmd::Matrix {
             name,
@@ -193,9 +181,17 @@ fn add_body(cmd: AddCmd) -> anyhow::Result<(Value, bool)> {
             invite_from,
             common,
         } => (
-            json!({"kind": "matrix", "name": name, "api_url": homeserver, "user_id": user_id,
-                   "token": secret(&access_token_file, "access token")?, "rooms": rooms,
-                   "invite_from": invite_from, "post_to": common.post_to}),
+            pb::Connector {
+                kind: "matrix".into(),
+                name,
+                api_url: homeserver,
+                user_id,
+                token: secret(&access_token_file, "access token")?,
+                rooms,
+                invite_from,
+                post_to: common.post_to,
+                ..Default::default()
+            },
             common.json,
         ),
         AddCmd::Slack {
@@ -205,10 +201,15 @@ fn add_body(cmd: AddCmd) -> anyhow::Result<(Value, bool)> {
             api_url,
             common,
         } => (
-            json!({"kind": "slack", "name": name, "api_url": api_url.unwrap_or_default(),
-                   "token": secret(&bot_token_file, "bot token")?,
-                   "secret": secret(&signing_secret_file, "signing secret")?,
-                   "post_to": common.post_to}),
+            pb::Connector {
+                kind: "slack".into(),
+                name,
+                api_url: api_url.unwrap_or_default(),
+                token: secret(&bot_token_file, "bot token")?,
+                secret: secret(&signing_secret_file, "signing secret")?,
+                post_to: common.post_to,
+                ..Default::default()
+            },
             common.json,
         ),
         AddCmd::Github {
@@ -233,10 +234,18 @@ fn add_body(cmd: AddCmd) -> anyhow::Result<(Value, bool)> {
                 .transpose()?
                 .unwrap_or_default();
             (
-                json!({"kind": "github", "name": name, "api_url": api_url.unwrap_or_default(),
-                       "secret": secret(&webhook_secret_file, "webhook secret")?,
-                       "token": token, "app_id": app_id.unwrap_or(0), "private_key": key,
-                       "bot_login": bot_login.unwrap_or_default(), "post_to": common.post_to}),
+                pb::Connector {
+                    kind: "github".into(),
+                    name,
+                    api_url: api_url.unwrap_or_default(),
+                    secret: secret(&webhook_secret_file, "webhook secret")?,
+                    token,
+                    app_id: app_id.unwrap_or(0),
+                    private_key: key,
+                    bot_login: bot_login.unwrap_or_default(),
+                    post_to: common.post_to,
+                    ..Default::default()
+                },
                 common.json,
             )
         }
@@ -295,7 +304,7 @@ pub async fn run(c: &mut Client, cmd: ConnectorsCmd) -> anyhow::Result<i32> {
     match cmd {
         ConnectorsCmd::Add(add) => {
             let (body, json) = add_body(add)?;
-            let v = call(c, "connector_add", "", body).await?;
+            let v = agent::add_connector(c, body).await?;
             if json {
                 print_json(&v);
             } else {
@@ -326,7 +335,7 @@ pub async fn run(c: &mut Client, cmd: ConnectorsCmd) -> anyhow::Result<i32> {
             }
         }
         ConnectorsCmd::Ls { json } => {
-            let v = call(c, "connector_ls", "", Value::Null).await?;
+            let v = agent::connectors(c).await?;
             if json {
                 print_json(&v);
             } else {
@@ -353,7 +362,7 @@ pub async fn run(c: &mut Client, cmd: ConnectorsCmd) -> anyhow::Result<i32> {
             }
         }
         ConnectorsCmd::Show { name, json } => {
-            let v = call(c, "connector_show", &name, Value::Null).await?;
+            let v = agent::connector(c, &name).await?;
             if json {
                 print_json(&v);
             } else {
@@ -361,14 +370,14 @@ pub async fn run(c: &mut Client, cmd: ConnectorsCmd) -> anyhow::Result<i32> {
             }
         }
         ConnectorsCmd::Rm { name } => {
-            let v = call(c, "connector_rm", &name, Value::Null).await?;
+            let v = agent::remove_connector(c, &name).await?;
             println!("removed {name}");
             if let Some(n) = v["note"].as_str() {
                 println!("  {n}");
             }
         }
         ConnectorsCmd::Test { name, json } => {
-            let v = call(c, "connector_test", &name, Value::Null).await?;
+            let v = agent::test_connector(c, &name).await?;
             if json {
                 print_json(&v);
             } else if v["ok"] == true {
@@ -389,13 +398,7 @@ pub async fn outbox(c: &mut Client, cmd: OutboxCmd) -> anyhow::Result<i32> {
             limit,
             json,
         } => {
-            let v = call(
-                c,
-                "outbox_ls",
-                "",
-                json!({"failed": failed, "limit": limit}),
-            )
-            .await?;
+            let v = agent::outbox(c, failed, limit).await?;
             if json {
                 print_json(&v);
                 return Ok(0);
@@ -427,7 +430,7 @@ pub async fn outbox(c: &mut Client, cmd: OutboxCmd) -> anyhow::Result<i32> {
             );
         }
         OutboxCmd::Show { id, json } => {
-            let v = call(c, "outbox_show", &id, Value::Null).await?;
+            let v = agent::outbox_item(c, &id).await?;
             if json {
                 print_json(&v);
             } else {
@@ -461,7 +464,7 @@ pub async fn outbox(c: &mut Client, cmd: OutboxCmd) -> anyhow::Result<i32> {
             }
         }
         OutboxCmd::Retry { id } => {
-            let v = call(c, "outbox_retry", &id, Value::Null).await?;
+            let v = agent::retry_outbox(c, &id).await?;
             println!("{} is queued again for {}", s(&v, "id"), s(&v, "connector"));
         }
     }
@@ -471,7 +474,7 @@ pub async fn outbox(c: &mut Client, cmd: OutboxCmd) -> anyhow::Result<i32> {
 pub async fn sources(c: &mut Client, cmd: SourcesCmd) -> anyhow::Result<i32> {
     match cmd {
         SourcesCmd::Show { json } => {
-            let v = call(c, "sources_show", "", Value::Null).await?;
+            let v = agent::sources(c).await?;
             if json {
                 print_json(&v);
                 return Ok(0);
@@ -490,13 +493,13 @@ pub async fn sources(c: &mut Client, cmd: SourcesCmd) -> anyhow::Result<i32> {
         SourcesCmd::Set { file } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
-            call(c, "sources_set", "", json!({"rules": text})).await?;
+            agent::set_sources(c, &text).await?;
             println!("routing rules replaced from {}", file.display());
         }
         SourcesCmd::Check { file } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
-            let v = call(c, "sources_check", "", json!({"rules": text})).await?;
+            let v = agent::check_sources(c, &text).await?;
             if v["ok"] == true {
                 println!("{}: ok", file.display());
             } else {

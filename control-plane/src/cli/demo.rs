@@ -218,8 +218,7 @@ impl Drop for TempDir {
     }
 }
 fn tempdir() -> anyhow::Result<TempDir> {
-    let mut r = [0u8; 6];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+    let r = byom_protocol::random::bytes::<6>();
     let p = std::env::temp_dir().join(format!("byom-demo-{}", byom_wire::hex(&r)));
     std::fs::create_dir_all(&p)?;
     Ok(TempDir(Some(p)))
@@ -535,7 +534,7 @@ struct Timeline {
 
 impl Timeline {
     async fn poll(&mut self, c: &mut Client) -> anyhow::Result<()> {
-        let v = crate::cli::agent(c, "thread", "demo", serde_json::Value::Null).await?;
+        let v = super::agent::thread(c, "demo").await?;
         for m in v["messages"].as_array().cloned().unwrap_or_default() {
             let id = m["id"].as_str().unwrap_or("").to_string();
             if !self.seen.insert(id) {
@@ -600,8 +599,7 @@ async fn agent_story(
     server: &mut Proc,
     info: &serde_json::Value,
 ) -> anyhow::Result<()> {
-    use crate::cli::agent;
-    use serde_json::Value;
+    use super::agent;
     let creds = byom_api::load_creds(Some(&data.join("admin")), None)?;
     let mut c = byom_api::connect(&creds).await?;
     let mut tl = Timeline {
@@ -613,14 +611,14 @@ async fn agent_story(
     println!("\n9. the agent: a chat message asks for work on the paired laptop (`byom chat`)");
     say(&mut c, "please run `uname -s` on demo-laptop").await?;
     tl.replies(&mut c, 2).await?;
-    let tasks = agent(&mut c, "tasks", "", Value::Null).await?;
+    let tasks = agent::workers(&c, false).await?;
     let task = tasks[0]["id"].as_str().unwrap_or("").to_string();
     println!("   the Router made worker {task}; it ran the command on demo-laptop and reported");
 
     println!("\n10. a follow-up in the same thread passes straight through to that worker");
     say(&mut c, "also run `date +%A` on demo-laptop").await?;
     tl.replies(&mut c, 3).await?;
-    let r = agent(&mut c, "router", "", Value::Null).await?;
+    let r = agent::router(&c).await?;
     println!(
         "   router: {} events, {} passed through without a Router decision",
         r["stats"]["events"], r["stats"]["passed_through"]
@@ -633,7 +631,7 @@ async fn agent_story(
     )
     .await?;
     tl.replies(&mut c, 4).await?;
-    let workers = agent(&mut c, "workers", "", Value::Null).await?;
+    let workers = agent::workers(&c, true).await?;
     for w in workers.as_array().cloned().unwrap_or_default() {
         if w["parent"].as_str() == Some(task.as_str()) {
             println!(
@@ -644,7 +642,7 @@ async fn agent_story(
             );
         }
     }
-    let approvals = agent(&mut c, "approvals", "", Value::Null).await?;
+    let approvals = agent::approvals(&c, false).await?;
     let apr = approvals[0]["id"].as_str().unwrap_or("").to_string();
     println!("   the program is paused on {apr}; its interpreter is a snapshot in the store");
 
@@ -667,7 +665,7 @@ async fn agent_story(
     );
     *server = start_server(me, data, dir, Some(addrs)).await?;
     let mut c = byom_api::connect(&creds).await?;
-    let open = agent(&mut c, "approvals", "", Value::Null).await?;
+    let open = agent::approvals(&c, false).await?;
     println!(
         "   back up; `byom approvals ls` still shows {} open approval(s)",
         open.as_array().map(|a| a.len()).unwrap_or(0)
@@ -687,9 +685,9 @@ async fn agent_story(
 
     pr_story(&mut c, &mut tl, info).await?;
 
-    let tasks = agent(&mut c, "tasks", "", Value::Null).await?;
-    let workers = agent(&mut c, "workers", "", Value::Null).await?;
-    let r = agent(&mut c, "router", "", Value::Null).await?;
+    let tasks = agent::workers(&c, false).await?;
+    let workers = agent::workers(&c, true).await?;
+    let r = agent::router(&c).await?;
     let st = &r["stats"];
     let mut tokens = (0u64, 0u64, 0u64);
     for w in workers.as_array().cloned().unwrap_or_default() {
@@ -812,17 +810,20 @@ async fn pr_story(
 ) -> anyhow::Result<()> {
     let (url, comments) = simulated_github()?;
     let secret = "demo-webhook-secret";
-    c.channels(pb::AgentRequest {
-        op: "connector_add".into(),
-        // The owner lets the bot post on their repository unprompted
-        // (`--post-to`): its results from the laptop may go there.
-        json: serde_json::json!({"kind": "github", "name": "gh", "api_url": url, "secret": secret,
-                                 "token": "demo-token", "bot_login": "byom-bot",
-                                 "post_to": ["acme/app"]})
-        .to_string(),
-        ..Default::default()
-    })
-    .await?;
+    c.connectors()
+        .add_connector(pb::Connector {
+            kind: "github".into(),
+            name: "gh".into(),
+            api_url: url,
+            secret: secret.into(),
+            token: "demo-token".into(),
+            bot_login: "byom-bot".into(),
+            // The owner lets the bot post on their repository unprompted
+            // (`--post-to`): its results from the laptop may go there.
+            post_to: vec!["acme/app".into()],
+            ..Default::default()
+        })
+        .await?;
     println!("\n14. GitHub joins (`byom connectors add github gh --post-to acme/app …`, a simulated GitHub on loopback): asked in chat, the worker opens a PR and watches it");
     say(c, "please fix the README typo: run `echo opened https://github.com/acme/app/pull/7` on demo-laptop").await?;
     tl.replies(c, 6).await?;
@@ -859,7 +860,7 @@ async fn pr_story(
     }
     tl.replies(c, 7).await?;
     github_comments(&comments, &mut shown, 2).await?;
-    let threads = crate::cli::agent(c, "threads", "", serde_json::Value::Null).await?;
+    let threads = super::agent::threads(c).await?;
     let pr = threads
         .as_array()
         .cloned()

@@ -26,6 +26,7 @@ mod tasks;
 mod threads;
 mod token;
 mod trust;
+mod views;
 mod workers;
 
 use std::path::PathBuf;
@@ -325,5 +326,4 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
-pub use agent::agent;
 pub use output::safe;

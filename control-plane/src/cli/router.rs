@@ -1,13 +1,11 @@
 //! `byom router`: the Router's figures.
 
 use byom_api::Client;
-use serde_json::Value;
 
-use super::agent::agent;
 use super::output::print_json;
 
 pub async fn run(c: &mut Client, json: bool) -> anyhow::Result<i32> {
-    let v = agent(c, "router", "", Value::Null).await?;
+    let v = super::agent::router(c).await?;
     if json {
         print_json(&v);
         return Ok(0);

@@ -3,7 +3,7 @@
 use anyhow::bail;
 use byom_api::Client;
 use byom_protocol::pb;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::output::{
     ago, labels, or_dash, print_json, safe_line, time, token_json, trigger_json, trigger_line,
@@ -36,7 +36,7 @@ pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
             .await;
         }
         Some(Object::Trigger(t)) => {
-            let fate = super::agent::agent(c, "fate", &t.id, Value::Null)
+            let fate = super::agent::fate(c, &t.id)
                 .await
                 .ok()
                 .and_then(|v| v["fate"].as_str().map(str::to_string));
@@ -108,8 +108,8 @@ pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
                 }
             }
         }
-        Some(Object::AgentJson(text)) => {
-            if id.starts_with("wrk_") && !json {
+        Some(Object::Worker(w)) => {
+            if !json {
                 return super::workers::run(
                     c,
                     super::workers::WorkersCmd::Show {
@@ -119,11 +119,11 @@ pub async fn run(c: &mut Client, id: &str, json: bool) -> anyhow::Result<i32> {
                 )
                 .await;
             }
-            match serde_json::from_str::<Value>(&text) {
-                Ok(v) => print_json(&v),
-                Err(_) => println!("{text}"),
-            }
+            print_json(&super::views::worker_record(&w));
         }
+        // Shown as JSON either way: every field is worth reading.
+        Some(Object::Approval(a)) => print_json(&super::views::approval(&a)),
+        Some(Object::Snapshot(s)) => print_json(&super::views::snapshot(&s)),
         None => bail!("{id}: nothing to show"),
     }
     Ok(0)

@@ -3,9 +3,8 @@
 
 use byom_api::Client;
 use byom_protocol::pb::{self, CommandState};
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::agent::agent;
 use super::output::print_json;
 
 /// Commands looked at for the queued/running counts (the newest).
@@ -40,7 +39,7 @@ pub async fn run(c: &mut Client, json: bool) -> anyhow::Result<i32> {
         CommandState::Running,
         CommandState::AwaitingLocalApproval,
     ]);
-    let tasks = agent(c, "tasks", "", Value::Null).await?;
+    let tasks = super::agent::workers(c, false).await?;
     let open_tasks = tasks
         .as_array()
         .map(|a| {
@@ -49,14 +48,13 @@ pub async fn run(c: &mut Client, json: bool) -> anyhow::Result<i32> {
                 .count()
         })
         .unwrap_or(0);
-    let approvals = agent(c, "approvals", "", Value::Null).await?;
+    let approvals = super::agent::approvals(c, false).await?;
     let waiting = approvals.as_array().map(Vec::len).unwrap_or(0);
-    let failed =
-        super::connectors::call(c, "outbox_ls", "", json!({"failed": true, "limit": 1000}))
-            .await
-            .ok()
-            .and_then(|v| v.as_array().map(Vec::len))
-            .unwrap_or(0);
+    let failed = super::agent::outbox(c, true, 1000)
+        .await
+        .ok()
+        .and_then(|v| v.as_array().map(Vec::len))
+        .unwrap_or(0);
     let v = json!({
         "server": {"version": info.version, "public_addr": info.public_addr, "quic_addr": info.quic_addr,
                    "ca_sha256": info.ca_sha256},

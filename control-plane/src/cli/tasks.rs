@@ -2,9 +2,8 @@
 
 use byom_api::Client;
 use clap::Subcommand;
-use serde_json::Value;
 
-use super::agent::agent;
+use super::agent;
 use super::output::print_json;
 use super::workers::{worker_table, WorkersCmd};
 
@@ -29,7 +28,7 @@ pub enum TasksCmd {
 pub async fn run(c: &mut Client, cmd: TasksCmd) -> anyhow::Result<i32> {
     match cmd {
         TasksCmd::Ls { json } => {
-            let v = agent(c, "tasks", "", Value::Null).await?;
+            let v = agent::workers(c, false).await?;
             if json {
                 print_json(&v);
             } else {
@@ -40,7 +39,7 @@ pub async fn run(c: &mut Client, cmd: TasksCmd) -> anyhow::Result<i32> {
             return super::workers::run(c, WorkersCmd::Show { id, json }).await
         }
         TasksCmd::Cancel { id } => {
-            agent(c, "cancel", &id, Value::Null).await?;
+            agent::cancel(c, &id).await?;
             println!("cancelling {id}: its worker, subagents and running commands stop");
         }
     }

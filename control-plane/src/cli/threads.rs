@@ -5,7 +5,7 @@ use byom_api::Client;
 use clap::Subcommand;
 use serde_json::Value;
 
-use super::agent::{agent, s};
+use super::agent::{self, s};
 use super::output::{ago_at, one_line, or_dash, print_json, safe, safe_line};
 
 #[derive(Subcommand, Debug)]
@@ -27,7 +27,7 @@ pub enum ThreadsCmd {
 pub async fn run(c: &mut Client, cmd: ThreadsCmd) -> anyhow::Result<i32> {
     match cmd {
         ThreadsCmd::Ls { json } => {
-            let v = agent(c, "threads", "", Value::Null).await?;
+            let v = agent::threads(c).await?;
             if json {
                 print_json(&v);
                 return Ok(0);
@@ -52,7 +52,7 @@ pub async fn run(c: &mut Client, cmd: ThreadsCmd) -> anyhow::Result<i32> {
             }
         }
         ThreadsCmd::Show { id, json } => {
-            let v = agent(c, "thread", &id, Value::Null).await?;
+            let v = agent::thread(c, &id).await?;
             if json {
                 print_json(&v);
                 return Ok(0);

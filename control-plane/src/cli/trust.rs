@@ -6,7 +6,7 @@ use byom_api::Client;
 use clap::Subcommand;
 use serde_json::{json, Value};
 
-use super::agent::{agent, s};
+use super::agent::{self, s};
 use super::output::print_json;
 
 #[derive(Subcommand, Debug)]
@@ -131,13 +131,8 @@ pub async fn run(c: &mut Client, cmd: TrustCmd) -> anyhow::Result<i32> {
         label,
     } = &cmd
     {
-        let v = agent(
-            c,
-            "trust_check",
-            "",
-            json!({"principal": principal, "association": association, "label": label}),
-        )
-        .await?;
+        let v =
+            agent::check_trust(c, principal, association, label.as_deref().unwrap_or("")).await?;
         println!("{}", s(&v, "why"));
         println!(
             "{} {} approve",
@@ -150,7 +145,7 @@ pub async fn run(c: &mut Client, cmd: TrustCmd) -> anyhow::Result<i32> {
         );
         return Ok(0);
     }
-    let mut v = agent(c, "trust", "", Value::Null).await?;
+    let mut v = agent::trust(c).await?;
     match cmd {
         TrustCmd::Ls { json } => {
             if json {
@@ -216,7 +211,7 @@ pub async fn run(c: &mut Client, cmd: TrustCmd) -> anyhow::Result<i32> {
             v["approvers"] = Value::Array(a);
         }
     }
-    let v = agent(c, "set_trust", "", v).await?;
+    let v = agent::set_trust(c, &v).await?;
     show(&v);
     Ok(0)
 }

@@ -4,7 +4,7 @@ use byom_api::Client;
 use clap::Subcommand;
 use serde_json::Value;
 
-use super::agent::{agent, s};
+use super::agent::{self, s};
 use super::output::{ago_at, one_line, or_dash, print_json};
 
 #[derive(Subcommand, Debug)]
@@ -145,7 +145,7 @@ fn print_worker(v: &Value) {
 pub async fn run(c: &mut Client, cmd: WorkersCmd) -> anyhow::Result<i32> {
     match cmd {
         WorkersCmd::Ls { json } => {
-            let v = agent(c, "workers", "", Value::Null).await?;
+            let v = agent::workers(c, true).await?;
             if json {
                 print_json(&v);
             } else {
@@ -153,7 +153,7 @@ pub async fn run(c: &mut Client, cmd: WorkersCmd) -> anyhow::Result<i32> {
             }
         }
         WorkersCmd::Show { id, json } => {
-            let v = agent(c, "worker", &id, Value::Null).await?;
+            let v = agent::worker(c, &id).await?;
             if json {
                 print_json(&v);
             } else {

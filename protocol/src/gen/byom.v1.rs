@@ -691,7 +691,7 @@ pub struct ShowRequest {
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ShowResponse {
-    #[prost(oneof = "show_response::Object", tags = "1, 2, 3, 4, 5, 6")]
+    #[prost(oneof = "show_response::Object", tags = "1, 2, 3, 4, 5, 7, 8, 9")]
     pub object: ::core::option::Option<show_response::Object>,
 }
 /// Nested message and enum types in `ShowResponse`.
@@ -708,9 +708,12 @@ pub mod show_response {
         Trigger(super::Trigger),
         #[prost(message, tag = "5")]
         Thread(super::Thread),
-        /// Agent objects (wrk\_, apr\_, snp\_): their stored record as JSON.
-        #[prost(string, tag = "6")]
-        AgentJson(::prost::alloc::string::String),
+        #[prost(message, tag = "7")]
+        Worker(super::Worker),
+        #[prost(message, tag = "8")]
+        Approval(super::Approval),
+        #[prost(message, tag = "9")]
+        Snapshot(super::Snapshot),
     }
 }
 /// An event from a channel (chat, GitHub, CI, CLI, webhook), stored before
@@ -898,30 +901,568 @@ pub struct PolicyResponse {
     #[prost(message, optional, tag = "1")]
     pub policy: ::core::option::Option<RouterPolicy>,
 }
-/// One RPC for the agents' objects; records travel as JSON because they are
-/// the agents' own state (workers, approvals, the router), versioned with
-/// the server, not a wire contract.
-/// op = "tasks" | "workers" | "worker" (id) | "cancel" (id)
-/// \| "approvals" (json {"all": bool}) | "answer" (id, json {"approved", "answer"})
-/// \| "threads" | "thread" (id) | "router"
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Usage {
+    #[prost(uint64, tag = "1")]
+    pub input_tokens: u64,
+    #[prost(uint64, tag = "2")]
+    pub output_tokens: u64,
+    /// Input tokens served from the provider's prefix cache.
+    #[prost(uint64, tag = "3")]
+    pub cache_read_tokens: u64,
+}
+/// Why a Rule of Two flag is set: the object that set it.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct AgentRequest {
+pub struct FlagCause {
     #[prost(string, tag = "1")]
-    pub op: ::prost::alloc::string::String,
+    pub object: ::prost::alloc::string::String,
     #[prost(string, tag = "2")]
+    pub why: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct RuleOfTwo {
+    /// \[A\] untrusted input.
+    #[prost(message, repeated, tag = "1")]
+    pub untrusted: ::prost::alloc::vec::Vec<FlagCause>,
+    /// \[B\] access to sensitive systems or private data.
+    #[prost(message, repeated, tag = "2")]
+    pub sensitive: ::prost::alloc::vec::Vec<FlagCause>,
+    /// \[C\] the power to change state or communicate externally.
+    #[prost(message, repeated, tag = "3")]
+    pub acts: ::prost::alloc::vec::Vec<FlagCause>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WorkerSummary {
+    #[prost(string, tag = "1")]
     pub id: ::prost::alloc::string::String,
+    /// The worker that started this subagent (unset for a task).
+    #[prost(string, optional, tag = "2")]
+    pub parent: ::core::option::Option<::prost::alloc::string::String>,
+    /// running, waiting, idle, done, failed, cancelled.
     #[prost(string, tag = "3")]
-    pub json: ::prost::alloc::string::String,
-    /// For "cancel" and "answer".
+    pub status: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub task: ::prost::alloc::string::String,
+    #[prost(string, repeated, tag = "5")]
+    pub threads: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, tag = "6")]
+    pub machine: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "7")]
+    pub created_at_ms: u64,
+    #[prost(uint64, tag = "8")]
+    pub updated_at_ms: u64,
+    #[prost(uint32, tag = "9")]
+    pub commands: u32,
+    #[prost(uint32, tag = "10")]
+    pub running_commands: u32,
+    /// `wrk_…/jsN`: the program it runs, if any.
+    #[prost(string, optional, tag = "11")]
+    pub program: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(uint32, tag = "12")]
+    pub model_calls: u32,
+    #[prost(message, optional, tag = "13")]
+    pub usage: ::core::option::Option<Usage>,
+    #[prost(string, tag = "14")]
+    pub last_report: ::prost::alloc::string::String,
+    /// The Rule of Two's letters held ("-" for none), and why.
+    #[prost(string, tag = "15")]
+    pub rule_of_two: ::prost::alloc::string::String,
+    #[prost(string, tag = "16")]
+    pub containment: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ToolCall {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    /// The model's arguments, as it wrote them (JSON).
+    #[prost(string, tag = "3")]
+    pub arguments_json: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct TranscriptMessage {
+    /// system, user, assistant, tool.
+    #[prost(string, tag = "1")]
+    pub role: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub text: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "3")]
+    pub tool_calls: ::prost::alloc::vec::Vec<ToolCall>,
+    /// Tool messages: the call this answers.
+    #[prost(string, tag = "4")]
+    pub call_id: ::prost::alloc::string::String,
+}
+/// A command a worker started (or holds for an approval).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WorkerCommand {
+    /// The worker's handle for it (the command's ID).
+    #[prost(string, tag = "1")]
+    pub handle: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub command: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub machine: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "4")]
+    pub timeout_ms: u64,
+    /// Started by a program's tools.exec: its run and call numbers.
+    #[prost(uint64, optional, tag = "5")]
+    pub js_run: ::core::option::Option<u64>,
+    #[prost(uint32, optional, tag = "6")]
+    pub js_call: ::core::option::Option<u32>,
+    #[prost(bool, tag = "7")]
+    pub done: bool,
+    /// Waiting for this approval before it may start.
+    #[prost(string, optional, tag = "8")]
+    pub held: ::core::option::Option<::prost::alloc::string::String>,
+    /// The approval it started under, and who gave it.
+    #[prost(string, optional, tag = "9")]
+    pub approval: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(string, tag = "10")]
+    pub approved_by: ::prost::alloc::string::String,
+}
+/// A program a worker runs in the code interpreter.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ProgramRun {
+    #[prost(uint64, tag = "1")]
+    pub run: u64,
+    #[prost(string, tag = "2")]
+    pub code: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "3")]
+    pub started_at_ms: u64,
+    /// The latest snapshot of its paused interpreter.
+    #[prost(string, optional, tag = "4")]
+    pub snapshot: ::core::option::Option<::prost::alloc::string::String>,
+    /// What the interpreter is doing: idle, eval, or resume.
+    #[prost(string, tag = "5")]
+    pub step: ::prost::alloc::string::String,
+    /// Results waiting for the interpreter to be free.
+    #[prost(uint32, tag = "6")]
+    pub results_waiting: u32,
+    /// Calls it waits on: call number → what (command cmd\_…, subagent
+    /// wrk\_…, queued subagent).
+    #[prost(map = "uint32, string", tag = "7")]
+    pub calls: ::std::collections::HashMap<u32, ::prost::alloc::string::String>,
+    #[prost(uint64, tag = "8")]
+    pub spawned: u64,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Worker {
+    #[prost(message, optional, tag = "1")]
+    pub summary: ::core::option::Option<WorkerSummary>,
+    #[prost(uint32, tag = "2")]
+    pub depth: u32,
+    #[prost(map = "string, string", tag = "3")]
+    pub labels: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+    #[prost(message, repeated, tag = "4")]
+    pub transcript: ::prost::alloc::vec::Vec<TranscriptMessage>,
+    /// Event lines that arrived since its last model call.
+    #[prost(string, repeated, tag = "5")]
+    pub inbox: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The turn of the model call in flight.
+    #[prost(uint64, optional, tag = "6")]
+    pub in_flight: ::core::option::Option<u64>,
+    #[prost(uint64, tag = "7")]
+    pub turn: u64,
+    /// Model calls since it last woke from idle.
+    #[prost(uint32, tag = "8")]
+    pub steps: u32,
+    #[prost(uint32, tag = "9")]
+    pub failures: u32,
+    #[prost(uint64, optional, tag = "10")]
+    pub retry_at_ms: ::core::option::Option<u64>,
+    #[prost(message, repeated, tag = "11")]
+    pub commands: ::prost::alloc::vec::Vec<WorkerCommand>,
+    #[prost(message, optional, tag = "12")]
+    pub program: ::core::option::Option<ProgramRun>,
+    #[prost(uint64, tag = "13")]
+    pub program_runs: u64,
+    #[prost(uint64, tag = "14")]
+    pub dropped_turns: u64,
+    #[prost(string, repeated, tag = "15")]
+    pub policies_shown: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(message, optional, tag = "16")]
+    pub flags: ::core::option::Option<RuleOfTwo>,
+    /// The threads it was created for.
+    #[prost(string, repeated, tag = "17")]
+    pub own_threads: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The model workers use, described for people.
+    #[prost(string, tag = "18")]
+    pub model: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "19")]
+    pub children: ::prost::alloc::vec::Vec<WorkerSummary>,
+    /// The stored numbers of its transcript's messages, in order, and the
+    /// next number (the record as kept; `byom show wrk_…` prints it).
+    #[prost(uint64, repeated, tag = "20")]
+    pub transcript_seqs: ::prost::alloc::vec::Vec<u64>,
+    #[prost(uint64, tag = "21")]
+    pub transcript_next: u64,
+}
+/// A reply held until an approval releases it.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct HeldReply {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub thread: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub source: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub text: ::prost::alloc::string::String,
+    #[prost(string, optional, tag = "5")]
+    pub untrusted: ::core::option::Option<::prost::alloc::string::String>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Approval {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub worker: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub thread: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub question: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "5")]
+    pub run: u64,
+    #[prost(uint32, tag = "6")]
+    pub call: u32,
+    /// open, approved, denied, cancelled, expired.
+    #[prost(string, tag = "7")]
+    pub state: ::prost::alloc::string::String,
+    /// The answer the program received (JSON; "null" when none).
+    #[prost(string, tag = "8")]
+    pub answer_json: ::prost::alloc::string::String,
+    #[prost(string, tag = "9")]
+    pub by: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "10")]
+    pub created_at_ms: u64,
+    #[prost(uint64, tag = "11")]
+    pub answered_at_ms: u64,
+    /// question, command, message.
+    #[prost(string, tag = "12")]
+    pub kind: ::prost::alloc::string::String,
+    #[prost(string, tag = "13")]
+    pub machine: ::prost::alloc::string::String,
+    /// The command (cmd\_…) it releases.
+    #[prost(string, tag = "14")]
+    pub cmd: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "15")]
+    pub reply: ::core::option::Option<HeldReply>,
+    /// The worker's flags with the action's, when it was asked.
+    #[prost(message, optional, tag = "16")]
+    pub flags: ::core::option::Option<RuleOfTwo>,
+    /// Who may answer, as configured when it was asked.
+    #[prost(string, repeated, tag = "17")]
+    pub approvers: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Answers refused because the person may not approve.
+    #[prost(string, repeated, tag = "18")]
+    pub refused: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The short code an answer must name (`approve CODE`).
+    #[prost(string, tag = "19")]
+    pub code: ::prost::alloc::string::String,
+    /// The exact action approved: the command line, or the post's text.
+    #[prost(string, tag = "20")]
+    pub action: ::prost::alloc::string::String,
+    #[prost(string, tag = "21")]
+    pub digest: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "22")]
+    pub expires_at_ms: u64,
+}
+/// A paused interpreter's memory (signed, compressed).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Snapshot {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub bytes: u64,
+    /// The worker whose program is paused on it, if still paused.
+    #[prost(string, optional, tag = "3")]
+    pub paused_program_of: ::core::option::Option<::prost::alloc::string::String>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ThreadMessage {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub user: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub text: ::prost::alloc::string::String,
+    #[prost(bool, tag = "4")]
+    pub from_bot: bool,
+    #[prost(uint64, tag = "5")]
+    pub created_at_ms: u64,
+    #[prost(string, tag = "6")]
+    pub decision: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ThreadRow {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub source: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub external: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub kind: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "5")]
+    pub created_at_ms: u64,
+    #[prost(uint64, tag = "6")]
+    pub last_trigger_at_ms: u64,
+    /// Workers subscribed to it.
+    #[prost(string, repeated, tag = "7")]
+    pub workers: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ThreadView {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub source: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub external: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "4")]
+    pub messages: ::prost::alloc::vec::Vec<ThreadMessage>,
+    #[prost(message, repeated, tag = "5")]
+    pub workers: ::prost::alloc::vec::Vec<WorkerSummary>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RouterStats {
+    #[prost(uint64, tag = "1")]
+    pub turns: u64,
+    #[prost(uint64, tag = "2")]
+    pub model_calls: u64,
+    #[prost(uint64, tag = "3")]
+    pub events: u64,
+    #[prost(uint64, tag = "4")]
+    pub decisions: u64,
+    #[prost(uint64, tag = "5")]
+    pub passed_through: u64,
+    #[prost(uint64, tag = "6")]
+    pub replies: u64,
+    /// Items dropped because its queue was full.
+    #[prost(uint64, tag = "7")]
+    pub dropped: u64,
+    #[prost(message, optional, tag = "8")]
+    pub usage: ::core::option::Option<Usage>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct StringList {
+    #[prost(string, repeated, tag = "1")]
+    pub items: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct RouterView {
+    /// The model the Router uses, described for people.
+    #[prost(string, tag = "1")]
+    pub model: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "2")]
+    pub stats: ::core::option::Option<RouterStats>,
+    #[prost(uint64, tag = "3")]
+    pub queued: u64,
+    #[prost(bool, tag = "4")]
+    pub in_flight: bool,
+    #[prost(uint64, tag = "5")]
+    pub conversation_messages: u64,
+    #[prost(uint64, tag = "6")]
+    pub dropped_turns: u64,
+    /// thread → subscribed workers.
+    #[prost(map = "string, message", tag = "7")]
+    pub subscriptions: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        StringList,
+    >,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListWorkersRequest {
+    /// Subagents too (else tasks only: top-level workers).
+    #[prost(bool, tag = "1")]
+    pub subagents: bool,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct WorkerList {
+    #[prost(message, repeated, tag = "1")]
+    pub workers: ::prost::alloc::vec::Vec<WorkerSummary>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WorkerRef {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CancelTaskRequest {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
     /// A retry with the same key (from the same admin, within the
-    /// idempotency window) returns the first result instead of creating again.
+    /// idempotency window) returns the first result.
+    #[prost(string, tag = "2")]
+    pub idempotency_key: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CancelTaskResponse {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(bool, tag = "2")]
+    pub cancelling: bool,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListThreadsRequest {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ThreadList {
+    #[prost(message, repeated, tag = "1")]
+    pub threads: ::prost::alloc::vec::Vec<ThreadRow>,
+}
+/// A thread by thr\_… ID or by the channel's own name for it.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ThreadRef {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetRouterRequest {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FateRequest {
+    #[prost(string, tag = "1")]
+    pub trigger: ::prost::alloc::string::String,
+}
+/// What became of a trigger after the fast path (unset: nothing yet).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Fate {
+    #[prost(string, tag = "1")]
+    pub trigger: ::prost::alloc::string::String,
+    #[prost(string, optional, tag = "2")]
+    pub fate: ::core::option::Option<::prost::alloc::string::String>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListApprovalsRequest {
+    /// Answered and expired ones too (else only open ones).
+    #[prost(bool, tag = "1")]
+    pub all: bool,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ApprovalList {
+    #[prost(message, repeated, tag = "1")]
+    pub approvals: ::prost::alloc::vec::Vec<Approval>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AnswerApprovalRequest {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(bool, tag = "2")]
+    pub approved: bool,
+    /// The answer the program receives (JSON; empty: null).
+    #[prost(string, tag = "3")]
+    pub answer_json: ::prost::alloc::string::String,
     #[prost(string, tag = "4")]
     pub idempotency_key: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct AgentResponse {
+pub struct AnswerApprovalResponse {
     #[prost(string, tag = "1")]
-    pub json: ::prost::alloc::string::String,
+    pub id: ::prost::alloc::string::String,
+    #[prost(bool, tag = "2")]
+    pub approved: bool,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Approver {
+    #[prost(string, tag = "1")]
+    pub principal: ::prost::alloc::string::String,
+    /// `key=value`: only for machines with this label (unset: all).
+    #[prost(string, optional, tag = "2")]
+    pub label: ::core::option::Option<::prost::alloc::string::String>,
+}
+/// Who is trusted and who may approve.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct TrustConfig {
+    /// Named principals (patterns) who are trusted.
+    #[prost(string, repeated, tag = "1")]
+    pub trusted: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// GitHub author_association values that make an author trusted.
+    #[prost(string, repeated, tag = "2")]
+    pub github_associations: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Members of a Slack workspace (not guests) are trusted.
+    #[prost(bool, tag = "3")]
+    pub slack_members: bool,
+    /// Matrix users of these homeservers are trusted.
+    #[prost(string, repeated, tag = "4")]
+    pub matrix_homeservers: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(message, repeated, tag = "5")]
+    pub approvers: ::prost::alloc::vec::Vec<Approver>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetTrustRequest {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CheckTrustRequest {
+    #[prost(string, tag = "1")]
+    pub principal: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub association: ::prost::alloc::string::String,
+    /// For machines with this label (`k=v`; empty: any machine).
+    #[prost(string, tag = "3")]
+    pub label: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TrustVerdict {
+    #[prost(string, tag = "1")]
+    pub principal: ::prost::alloc::string::String,
+    #[prost(bool, tag = "2")]
+    pub trusted: bool,
+    #[prost(string, tag = "3")]
+    pub why: ::prost::alloc::string::String,
+    #[prost(bool, tag = "4")]
+    pub may_approve: bool,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AdminView {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// SHA-256 of the certificate's public key; empty for the bootstrap admin.
+    #[prost(string, tag = "2")]
+    pub spki_sha256: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "3")]
+    pub created_at_ms: u64,
+    #[prost(string, tag = "4")]
+    pub created_by: ::prost::alloc::string::String,
+    #[prost(uint64, optional, tag = "5")]
+    pub revoked_at_ms: ::core::option::Option<u64>,
+    #[prost(string, tag = "6")]
+    pub revoked_by: ::prost::alloc::string::String,
+    /// The caller is this admin.
+    #[prost(bool, tag = "7")]
+    pub you: bool,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListAdminsRequest {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct AdminList {
+    #[prost(message, repeated, tag = "1")]
+    pub admins: ::prost::alloc::vec::Vec<AdminView>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AddAdminRequest {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// A PEM certificate signing request for the admin's own key.
+    #[prost(string, tag = "2")]
+    pub csr_pem: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AddAdminResponse {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub cert_pem: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub ca_pem: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub spki_sha256: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AdminRef {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
 }
 /// What a creating call with an idempotency key created: a retry with the
 /// same key finds it and returns that object.
@@ -936,7 +1477,8 @@ pub struct IdempotencyRecord {
     pub request_sha256: ::prost::alloc::string::String,
     #[prost(uint64, tag = "3")]
     pub created_at_ms: u64,
-    /// For calls whose result is not an object (agents' ops): the reply.
+    /// For calls whose result is not an object (cancel, answer): the reply,
+    /// as JSON ({"id", "cancelling"} or {"id", "approved"}).
     #[prost(string, tag = "4")]
     pub reply_json: ::prost::alloc::string::String,
 }
@@ -1028,6 +1570,125 @@ pub struct OutboxItem {
     pub in_flight: bool,
     #[prost(string, tag = "17")]
     pub kind: ::prost::alloc::string::String,
+}
+/// A connector as people see it: never its secrets (`has_*` say whether
+/// they are set), with the URLs its provider posts to.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ConnectorView {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub kind: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub api_url: ::prost::alloc::string::String,
+    #[prost(string, tag = "4")]
+    pub user_id: ::prost::alloc::string::String,
+    #[prost(string, repeated, tag = "5")]
+    pub rooms: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, tag = "6")]
+    pub bot_login: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "7")]
+    pub app_id: u64,
+    #[prost(string, repeated, tag = "8")]
+    pub post_to: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, repeated, tag = "9")]
+    pub invite_from: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(bool, tag = "10")]
+    pub has_token: bool,
+    #[prost(bool, tag = "11")]
+    pub has_secret: bool,
+    #[prost(bool, tag = "12")]
+    pub has_private_key: bool,
+    /// Where the provider posts events (Slack, GitHub).
+    #[prost(string, optional, tag = "13")]
+    pub webhook_path: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(string, optional, tag = "14")]
+    pub webhook_url: ::core::option::Option<::prost::alloc::string::String>,
+    /// Where Slack posts button presses.
+    #[prost(string, optional, tag = "15")]
+    pub interactive_path: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(string, optional, tag = "16")]
+    pub interactive_url: ::core::option::Option<::prost::alloc::string::String>,
+    /// Why the URL above may not be reachable as is.
+    #[prost(string, optional, tag = "17")]
+    pub webhook_note: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(uint64, tag = "18")]
+    pub outbox_pending: u64,
+    #[prost(uint64, tag = "19")]
+    pub created_at_ms: u64,
+    /// Set by a removal.
+    #[prost(bool, tag = "20")]
+    pub removed: bool,
+    #[prost(string, optional, tag = "21")]
+    pub note: ::core::option::Option<::prost::alloc::string::String>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ConnectorRef {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListConnectorsRequest {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ConnectorList {
+    #[prost(message, repeated, tag = "1")]
+    pub connectors: ::prost::alloc::vec::Vec<ConnectorView>,
+}
+/// The provider asked with the connector's credentials.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ConnectorTest {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(bool, tag = "2")]
+    pub ok: bool,
+    /// Who the credentials are (when ok).
+    #[prost(string, optional, tag = "3")]
+    pub identity: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(string, optional, tag = "4")]
+    pub error: ::core::option::Option<::prost::alloc::string::String>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListOutboxRequest {
+    /// Only failed items.
+    #[prost(bool, tag = "1")]
+    pub failed: bool,
+    /// At most this many (1 to 1000; 0: 100).
+    #[prost(uint32, tag = "2")]
+    pub limit: u32,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct OutboxList {
+    #[prost(message, repeated, tag = "1")]
+    pub items: ::prost::alloc::vec::Vec<OutboxItem>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct OutboxRef {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+}
+/// The fast-path routing rules (the sources file).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetSourcesRequest {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Sources {
+    #[prost(string, tag = "1")]
+    pub rules: ::prost::alloc::string::String,
+    /// Why the last edit of the file was refused (the previous rules stay);
+    /// empty when none was.
+    #[prost(string, tag = "2")]
+    pub last_refused_edit: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SourcesText {
+    #[prost(string, tag = "1")]
+    pub rules: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SourcesCheck {
+    #[prost(bool, tag = "1")]
+    pub ok: bool,
+    #[prost(string, optional, tag = "2")]
+    pub error: ::core::option::Option<::prost::alloc::string::String>,
 }
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]

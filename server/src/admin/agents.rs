@@ -2,8 +2,7 @@
 //! threads and the Router, read from the store (the truth; the loop may be
 //! mid-step), and the two things people tell the agents from outside a
 //! chat: cancel a task, answer an approval. Both go through the durable
-//! inbox. Replies are JSON (the agents' own records, versioned with the
-//! server), with times as RFC 3339.
+//! inbox. Records become messages in [`super::views`].
 
 use std::collections::BTreeMap;
 
@@ -17,7 +16,7 @@ use byom_store::{Space, StoreError};
 use serde_json::{json, Value};
 use tonic::Status;
 
-use super::{store_err, Api};
+use super::{store_err, views, Api};
 use crate::idempotency::Pending;
 
 /// Rows kept in one listing.
@@ -26,60 +25,6 @@ const MAX_ROWS: usize = 1000;
 const THREAD_MESSAGES: usize = 200;
 /// Agent records read at once (the whole keyspace's records).
 const MAX_RECORDS: usize = 1_000_000;
-
-/// Timestamps (ms since the epoch) in the agents' records, shown as
-/// RFC 3339 under their `_at` name. Durations keep their `_ms`.
-const TIMES: [(&str, &str); 7] = [
-    ("created_ms", "created_at"),
-    ("revoked_ms", "revoked_at"),
-    ("updated_ms", "updated_at"),
-    ("answered_ms", "answered_at"),
-    ("started_ms", "started_at"),
-    ("last_trigger_ms", "last_trigger_at"),
-    ("retry_at", "retry_at"),
-];
-
-fn time(ms: u64) -> Value {
-    if ms == 0 {
-        Value::Null
-    } else {
-        Value::String(byom_protocol::time::rfc3339(ms))
-    }
-}
-
-/// Rewrites every timestamp in `v` (at any depth) as RFC 3339.
-pub(super) fn times(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            for (from, to) in TIMES {
-                if let Some(t) = m.remove(from) {
-                    let t = t.as_u64().map(time).unwrap_or(Value::Null);
-                    m.insert(to.to_string(), t);
-                }
-            }
-            m.values_mut().for_each(times);
-        }
-        Value::Array(a) => a.iter_mut().for_each(times),
-        _ => {}
-    }
-}
-
-fn invalid(m: impl Into<String>) -> Status {
-    Status::invalid_argument(m.into())
-}
-
-/// A worker in one row.
-fn summary(w: &WorkerState) -> Value {
-    let running = w.commands.values().filter(|c| !c.done).count();
-    json!({
-        "id": w.id, "parent": w.parent, "status": w.status.name(), "task": w.task,
-        "threads": w.threads, "machine": w.machine, "created_at": time(w.created_ms),
-        "updated_at": time(w.updated_ms), "commands": w.commands.len(), "running_commands": running,
-        "program": w.js.as_ref().map(|j| format!("{}/js{}", w.id, j.run)),
-        "model_calls": w.steps, "usage": w.usage, "last_report": w.last_report,
-        "rule_of_two": w.flags.letters(), "containment": w.flags.explain(),
-    })
-}
 
 impl Api {
     fn records<T: serde::de::DeserializeOwned>(&self, kind: Kind) -> Result<Vec<T>, StoreError> {
@@ -122,182 +67,41 @@ impl Api {
         }
     }
 
-    /// Serves one agents request; `by` (the caller) is recorded on cancels
-    /// and answers.
-    pub(super) async fn agent(
-        &self,
-        mut r: pb::AgentRequest,
-        by: &str,
-    ) -> Result<pb::AgentResponse, Status> {
-        // The two ops that change something take an idempotency key.
-        let key = std::mem::take(&mut r.idempotency_key);
-        let claim = if matches!(r.op.as_str(), "cancel" | "answer") {
-            let scope = format!("agent-{}", r.op);
-            match self
-                .claim(&scope, by, &key, &super::fingerprint(&r, &[]))
-                .await?
-            {
-                Ok(p) => Some(p),
-                Err(done) => {
-                    return Ok(pb::AgentResponse {
-                        json: done.reply_json,
-                    })
-                }
-            }
-        } else {
-            None
-        };
-        let args: Value = if r.json.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&r.json)
-                .map_err(|e| invalid(format!("the request's json is not JSON: {e}")))?
-        };
-        let id = r.id.as_str();
-        let v = match r.op.as_str() {
-            // Times are converted where the records are read (a transcript
-            // holds models' free-form arguments, left as they are).
-            "tasks" | "workers" => {
-                let all = r.op == "workers";
-                let rows: Vec<Value> = self
-                    .workers()?
-                    .iter()
-                    .filter(|w| all || w.parent.is_none())
-                    .take(MAX_ROWS)
-                    .map(summary)
-                    .collect();
-                Value::Array(rows)
-            }
-            "worker" => self.worker(id)?,
-            "cancel" => self.cancel_task(id, by, claim.as_ref()).await?,
-            "approvals" => {
-                let all = args.get("all").and_then(Value::as_bool).unwrap_or(false);
-                let rows: Vec<Value> = self
-                    .approvals()?
-                    .into_iter()
-                    .filter(|a| all || a.state == ApprovalState::Open)
-                    .take(MAX_ROWS)
-                    .map(|a| {
-                        let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
-                        times(&mut v);
-                        v
-                    })
-                    .collect();
-                Value::Array(rows)
-            }
-            "answer" => self.answer(id, &args, by, claim.as_ref()).await?,
-            "threads" => self.threads()?,
-            "thread" => self.thread(id)?,
-            "router" => {
-                let r = self.router_record()?;
-                json!({"model": self.model_of("router"), "stats": r.stats, "queued": r.queue.len(), "in_flight": r.in_flight.is_some(),
-                       "conversation_messages": r.conversation.len(), "dropped_turns": r.dropped_turns,
-                       "subscriptions": r.subs})
-            }
-            "trust" => serde_json::to_value(crate::trust::load(&self.store).map_err(store_err)?)
-                .unwrap_or(Value::Null),
-            "set_trust" => self.set_trust(args, by)?,
-            "trust_check" => {
-                let t = crate::trust::load(&self.store).map_err(store_err)?;
-                let who = args.get("principal").and_then(Value::as_str).unwrap_or("");
-                let assoc = args
-                    .get("association")
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                let label = args.get("label").and_then(Value::as_str).unwrap_or("");
-                let labels: Option<BTreeMap<String, String>> = label
-                    .split_once('=')
-                    .map(|(k, v)| [(k.to_string(), v.to_string())].into());
-                let v = t.judge(who, assoc);
-                json!({"principal": who, "trusted": v.trusted, "why": v.why,
-                       "may_approve": t.may_approve(who, labels.as_ref())})
-            }
-            "admins" | "admins_add" | "admins_revoke" => self.admins_op(&r.op, &args, by)?,
-            "fate" => self.fate(id)?,
-            other => return Err(invalid(format!("unknown agent op {other:?}"))),
-        };
-        Ok(pb::AgentResponse {
-            json: v.to_string(),
+    pub(super) fn list_workers(&self, subagents: bool) -> Result<pb::WorkerList, Status> {
+        Ok(pb::WorkerList {
+            workers: self
+                .workers()?
+                .iter()
+                .filter(|w| subagents || w.parent.is_none())
+                .take(MAX_ROWS)
+                .map(views::summary)
+                .collect(),
         })
     }
 
-    /// What became of a trigger after the fast path: the agents' record of
-    /// it, with the policy named by ID when the Router cited one.
-    fn fate(&self, trigger: &str) -> Result<Value, Status> {
-        let Some(b) = self
-            .store
-            .get_raw(Space::Agents, &keys::fate(trigger))
-            .map_err(store_err)?
-        else {
-            return Ok(json!({"trigger": trigger, "fate": null}));
-        };
-        let mut fate = String::from_utf8_lossy(&b).into_owned();
-        if let Some(i) = fate.find("policy: ") {
-            let cited = fate[i + 8..].trim().to_string();
-            let policies = self.store.list_policies().map_err(store_err)?;
-            if let Some(p) = policies.iter().find(|p| p.text.trim() == cited) {
-                fate = format!("{} ({})", fate, p.id);
-            }
-        }
-        Ok(json!({"trigger": trigger, "fate": fate}))
-    }
-
-    /// The model a role uses, described for people (the scripted
-    /// stand-in says what it is); as the running server recorded it.
-    fn model_of(&self, role: &str) -> String {
-        self.store
-            .channel_state("", crate::startup::MODELS_KEY)
-            .ok()
-            .flatten()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .and_then(|v| v[role].as_str().map(crate::model::describe))
-            .unwrap_or_default()
-    }
-
-    /// A worker with its transcript and subagents.
-    fn worker(&self, id: &str) -> Result<Value, Status> {
-        let all = self.workers()?;
-        let w = all
-            .iter()
-            .find(|w| w.id == id)
-            .ok_or_else(|| Status::not_found(format!("no worker {id}: see `byom workers ls`")))?;
-        let children: Vec<Value> = all
-            .iter()
-            .filter(|c| c.parent.as_deref() == Some(id))
-            .map(summary)
-            .collect();
-        let mut v = serde_json::to_value(w).unwrap_or(Value::Null);
-        times(&mut v);
-        // The transcript: the stored messages, in the record's order.
-        let stored: BTreeMap<u64, Value> = self
-            .store
-            .scan_prefix(Space::Agents, &keys::messages_of(id), MAX_RECORDS)
-            .map_err(store_err)?
-            .into_iter()
-            .filter_map(|(n, b)| Some((n.parse().ok()?, serde_json::from_slice(&b).ok()?)))
-            .collect();
-        let order: Vec<u64> = v["conversation"]["seqs"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_u64).collect())
-            .unwrap_or_default();
-        v["conversation"] = Value::Array(
-            order
-                .iter()
-                .filter_map(|n| stored.get(n).cloned())
-                .collect(),
-        );
-        v["summary"] = summary(w);
-        v["model"] = json!(self.model_of("worker"));
-        v["children"] = Value::Array(children);
-        Ok(v)
-    }
-
-    async fn cancel_task(
+    pub(super) async fn cancel_task(
         &self,
-        id: &str,
+        r: pb::CancelTaskRequest,
         by: &str,
-        claim: Option<&Pending>,
-    ) -> Result<Value, Status> {
+    ) -> Result<pb::CancelTaskResponse, Status> {
+        let key = r.idempotency_key.clone();
+        let fp = super::fingerprint(
+            &pb::CancelTaskRequest {
+                idempotency_key: String::new(),
+                ..r.clone()
+            },
+            &[],
+        );
+        let claim = match self.claim("agent-cancel", by, &key, &fp).await? {
+            Ok(p) => p,
+            Err(done) => {
+                return earlier(&done.reply_json, |v| pb::CancelTaskResponse {
+                    id: v["id"].as_str().unwrap_or_default().into(),
+                    cancelling: v["cancelling"].as_bool().unwrap_or(true),
+                })
+            }
+        };
+        let id = r.id.as_str();
         let w = self
             .workers()?
             .into_iter()
@@ -314,17 +118,155 @@ impl Api {
             by: by.to_string(),
         };
         let reply = json!({"id": id, "cancelling": true});
-        self.enqueue(&ev, id, &reply, claim).await?;
-        Ok(reply)
+        self.enqueue(&ev, id, &reply, &claim).await?;
+        Ok(pb::CancelTaskResponse {
+            id: id.to_string(),
+            cancelling: true,
+        })
     }
 
-    async fn answer(
+    pub(super) fn list_approvals(&self, all: bool) -> Result<pb::ApprovalList, Status> {
+        Ok(pb::ApprovalList {
+            approvals: self
+                .approvals()?
+                .iter()
+                .filter(|a| all || a.state == ApprovalState::Open)
+                .take(MAX_ROWS)
+                .map(views::approval)
+                .collect(),
+        })
+    }
+
+    pub(super) fn router(&self) -> Result<pb::RouterView, Status> {
+        Ok(views::router(
+            &self.router_record()?,
+            self.model_of("router"),
+        ))
+    }
+
+    pub(super) fn get_trust(&self) -> Result<pb::TrustConfig, Status> {
+        Ok(views::trust(
+            &crate::trust::load(&self.store).map_err(store_err)?,
+        ))
+    }
+
+    pub(super) fn check_trust(&self, r: pb::CheckTrustRequest) -> Result<pb::TrustVerdict, Status> {
+        let t = crate::trust::load(&self.store).map_err(store_err)?;
+        let labels: Option<BTreeMap<String, String>> = r
+            .label
+            .split_once('=')
+            .map(|(k, v)| [(k.to_string(), v.to_string())].into());
+        let v = t.judge(&r.principal, &r.association);
+        Ok(pb::TrustVerdict {
+            may_approve: t.may_approve(&r.principal, labels.as_ref()),
+            principal: r.principal,
+            trusted: v.trusted,
+            why: v.why,
+        })
+    }
+
+    /// What became of a trigger after the fast path: the agents' record of
+    /// it, with the policy named by ID when the Router cited one.
+    pub(super) fn fate(&self, trigger: &str) -> Result<pb::Fate, Status> {
+        let Some(b) = self
+            .store
+            .get_raw(Space::Agents, &keys::fate(trigger))
+            .map_err(store_err)?
+        else {
+            return Ok(pb::Fate {
+                trigger: trigger.to_string(),
+                fate: None,
+            });
+        };
+        let mut fate = String::from_utf8_lossy(&b).into_owned();
+        if let Some(i) = fate.find("policy: ") {
+            let cited = fate[i + 8..].trim().to_string();
+            let policies = self.store.list_policies().map_err(store_err)?;
+            if let Some(p) = policies.iter().find(|p| p.text.trim() == cited) {
+                fate = format!("{} ({})", fate, p.id);
+            }
+        }
+        Ok(pb::Fate {
+            trigger: trigger.to_string(),
+            fate: Some(fate),
+        })
+    }
+
+    /// The model a role uses, described for people (the scripted
+    /// stand-in says what it is); as the running server recorded it.
+    fn model_of(&self, role: &str) -> String {
+        self.store
+            .channel_state("", crate::startup::MODELS_KEY)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v[role].as_str().map(crate::model::describe))
+            .unwrap_or_default()
+    }
+
+    /// A worker with its transcript and subagents.
+    pub(super) fn worker(&self, id: &str) -> Result<pb::Worker, Status> {
+        let all = self.workers()?;
+        let w = all
+            .iter()
+            .find(|w| w.id == id)
+            .ok_or_else(|| Status::not_found(format!("no worker {id}: see `byom workers ls`")))?;
+        let children = all
+            .iter()
+            .filter(|c| c.parent.as_deref() == Some(id))
+            .map(views::summary)
+            .collect();
+        // The transcript: the stored messages, in the record's order.
+        let stored: BTreeMap<u64, byom_agent::llm::Message> = self
+            .store
+            .scan_prefix(Space::Agents, &keys::messages_of(id), MAX_RECORDS)
+            .map_err(store_err)?
+            .into_iter()
+            .filter_map(|(n, b)| Some((n.parse().ok()?, serde_json::from_slice(&b).ok()?)))
+            .collect();
+        let transcript = w
+            .conversation
+            .seqs()
+            .iter()
+            .filter_map(|n| stored.get(n).map(views::message))
+            .collect();
+        Ok(views::worker(
+            w,
+            transcript,
+            self.model_of("worker"),
+            children,
+        ))
+    }
+
+    pub(super) async fn answer(
         &self,
-        id: &str,
-        args: &Value,
+        r: pb::AnswerApprovalRequest,
         by: &str,
-        claim: Option<&Pending>,
-    ) -> Result<Value, Status> {
+    ) -> Result<pb::AnswerApprovalResponse, Status> {
+        let key = r.idempotency_key.clone();
+        let fp = super::fingerprint(
+            &pb::AnswerApprovalRequest {
+                idempotency_key: String::new(),
+                ..r.clone()
+            },
+            &[],
+        );
+        let claim = match self.claim("agent-answer", by, &key, &fp).await? {
+            Ok(p) => p,
+            Err(done) => {
+                return earlier(&done.reply_json, |v| pb::AnswerApprovalResponse {
+                    id: v["id"].as_str().unwrap_or_default().into(),
+                    approved: v["approved"].as_bool().unwrap_or(false),
+                })
+            }
+        };
+        let id = r.id.as_str();
+        let answer: Value = if r.answer_json.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&r.answer_json)
+                .map_err(|e| invalid(format!("the answer must be JSON: {e}")))?
+        };
         let a = self
             .approvals()?
             .into_iter()
@@ -338,10 +280,7 @@ impl Api {
                 a.state.name()
             )));
         }
-        let approved = args
-            .get("approved")
-            .and_then(Value::as_bool)
-            .ok_or_else(|| invalid("say approved: true or false"))?;
+        let approved = r.approved;
         // The core decides (and records a refusal); said here too so the
         // person at the CLI learns it at once.
         let trust = crate::trust::load(&self.store).map_err(store_err)?;
@@ -362,7 +301,7 @@ impl Api {
         let ev = Event::Answer {
             approval: id.to_string(),
             approved,
-            answer: args.get("answer").cloned().unwrap_or(Value::Null),
+            answer,
             by: by.to_string(),
         };
         // Answered once: the core takes the answer only later (on whichever
@@ -379,17 +318,24 @@ impl Api {
             )));
         }
         let reply = json!({"id": id, "approved": approved});
-        if let Err(e) = self.enqueue(&ev, id, &reply, claim).await {
+        if let Err(e) = self.enqueue(&ev, id, &reply, &claim).await {
             let _ = self.store.delete_raw(Space::Leases, &once);
             return Err(e);
         }
-        Ok(reply)
+        Ok(pb::AnswerApprovalResponse {
+            id: id.to_string(),
+            approved,
+        })
     }
 
     /// Replaces the trust configuration. Only an approver for every
     /// machine may change who approves and who is trusted, and nobody can
     /// leave it with no approver at all.
-    fn set_trust(&self, args: Value, by: &str) -> Result<Value, Status> {
+    pub(super) fn set_trust(
+        &self,
+        new: pb::TrustConfig,
+        by: &str,
+    ) -> Result<pb::TrustConfig, Status> {
         let current = crate::trust::load(&self.store).map_err(store_err)?;
         if !current.may_approve(by, None) {
             return Err(Status::permission_denied(format!(
@@ -397,8 +343,7 @@ impl Api {
                 current.approvers_for(None).join(", ")
             )));
         }
-        let new: Trust = serde_json::from_value(args)
-            .map_err(|e| invalid(format!("not a trust configuration: {e}")))?;
+        let new: Trust = views::trust_from(new);
         new.validate().map_err(invalid)?;
         if !new.may_approve(by, None) {
             return Err(invalid(format!(
@@ -407,7 +352,7 @@ impl Api {
         }
         crate::trust::save(&self.store, &new).map_err(store_err)?;
         tracing::info!(by, "trust configuration changed");
-        Ok(serde_json::to_value(&new).unwrap_or(Value::Null))
+        Ok(views::trust(&new))
     }
 
     /// Puts a person's word in the agents' inbox, with the idempotency
@@ -417,37 +362,27 @@ impl Api {
         ev: &Event,
         id: &str,
         reply: &Value,
-        claim: Option<&Pending>,
+        claim: &Pending,
     ) -> Result<(), Status> {
-        let extra = claim
-            .map(|p| p.ops(id, &reply.to_string()))
-            .unwrap_or_default();
+        let extra = claim.ops(id, &reply.to_string());
         self.agents.enqueue(ev, &extra).await.map_err(store_err)
     }
 
-    fn threads(&self) -> Result<Value, Status> {
+    pub(super) fn threads(&self) -> Result<pb::ThreadList, Status> {
         let r = self.router_record()?;
-        let rows: Vec<Value> = self
-            .store
-            .list_threads(MAX_ROWS)
-            .map_err(store_err)?
-            .into_iter()
-            .map(|t| {
-                let subs: Vec<String> = r
-                    .subs
-                    .get(&t.id)
-                    .map(|s| s.iter().cloned().collect())
-                    .unwrap_or_default();
-                json!({"id": t.id, "source": t.source, "external": t.external, "kind": t.kind,
-                       "created_at": time(t.created_at_ms), "last_trigger_at": time(t.last_trigger_ms),
-                       "workers": subs})
-            })
-            .collect();
-        Ok(Value::Array(rows))
+        Ok(pb::ThreadList {
+            threads: self
+                .store
+                .list_threads(MAX_ROWS)
+                .map_err(store_err)?
+                .iter()
+                .map(|t| views::thread_row(t, &r.subs))
+                .collect(),
+        })
     }
 
     /// A thread by `thr_…` ID or by the channel's own name for it.
-    fn thread(&self, id: &str) -> Result<Value, Status> {
+    pub(super) fn thread(&self, id: &str) -> Result<pb::ThreadView, Status> {
         let t = match self.store.get_thread(id).map_err(store_err)? {
             Some(t) => t,
             None => self
@@ -465,42 +400,38 @@ impl Api {
             .list_triggers(Some(&t.id), THREAD_MESSAGES)
             .map_err(store_err)?;
         triggers.reverse();
-        let msgs: Vec<Value> = triggers
+        Ok(pb::ThreadView {
+            messages: triggers.iter().map(views::thread_message).collect(),
+            workers: self
+                .workers()?
+                .iter()
+                .filter(|w| w.threads.contains(&t.id))
+                .map(views::summary)
+                .collect(),
+            id: t.id,
+            source: t.source,
+            external: t.external,
+        })
+    }
+
+    /// An approval by ID (for `show`).
+    pub(super) fn approval(&self, id: &str) -> Result<Option<pb::Approval>, Status> {
+        Ok(self
+            .approvals()?
             .iter()
-            .map(|x| {
-                json!({"id": x.id, "user": x.user, "text": x.text, "from_bot": x.from_bot,
-                       "created_at": time(x.created_at_ms), "decision": x.decision().name()})
-            })
-            .collect();
-        let ws: Vec<Value> = self
-            .workers()?
-            .iter()
-            .filter(|w| w.threads.contains(&t.id))
-            .map(summary)
-            .collect();
-        Ok(
-            json!({"id": t.id, "source": t.source, "external": t.external,
-                  "messages": msgs, "workers": ws}),
-        )
+            .find(|a| a.id == id)
+            .map(views::approval))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The reply of a call made before with the same idempotency key, as
+/// its record kept it.
+fn earlier<T>(json: &str, f: impl FnOnce(&Value) -> T) -> Result<T, Status> {
+    let v: Value = serde_json::from_str(json)
+        .map_err(|e| Status::internal(format!("the earlier reply is unreadable: {e}")))?;
+    Ok(f(&v))
+}
 
-    #[test]
-    fn timestamps_become_rfc3339_and_durations_stay() {
-        let mut v = json!({"created_ms": 1_796_107_970_123u64, "answered_ms": 0,
-                           "js": {"started_ms": 1000, "timeout_ms": 5},
-                           "rows": [{"updated_ms": 1}], "retry_at": null});
-        times(&mut v);
-        assert_eq!(v["created_at"], "2026-12-01T06:52:50.123Z");
-        assert_eq!(v["answered_at"], Value::Null);
-        assert_eq!(v["js"]["started_at"], "1970-01-01T00:00:01.000Z");
-        assert_eq!(v["js"]["timeout_ms"], 5);
-        assert_eq!(v["rows"][0]["updated_at"], "1970-01-01T00:00:00.001Z");
-        assert!(v.get("created_ms").is_none());
-        assert_eq!(v["retry_at"], Value::Null);
-    }
+fn invalid(m: impl Into<String>) -> Status {
+    Status::invalid_argument(m.into())
 }

@@ -1,15 +1,19 @@
 //! The admin gRPC service (the API boundary is `byom-api`): served over TLS
 //! 1.3 to clients with an admin certificate from our CA only ([`serve`]),
 //! one module per resource: [`machines`] (tokens and machines),
-//! [`commands`], [`events`] (triggers and policies), [`agents`] and
-//! [`show`]. The generated trait is implemented here by delegation.
+//! [`commands`], [`events`] (triggers and policies), [`agents`],
+//! [`people`] and [`show`]; records become messages in [`views`]. The
+//! generated `Admin` trait is implemented here by delegation, the
+//! services by area in [`services`].
 
 mod agents;
 mod commands;
 mod events;
 mod machines;
 mod people;
+mod services;
 mod show;
+mod views;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -99,6 +103,19 @@ fn admitted(
     Ok(req)
 }
 
+/// [`admitted`] as every service's interceptor.
+#[derive(Clone)]
+struct Gatekeeper {
+    store: Store,
+    checker: Arc<crate::admins::Checker>,
+}
+
+impl tonic::service::Interceptor for Gatekeeper {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        admitted(&self.store, &self.checker, req)
+    }
+}
+
 /// Who is calling: `admin:NAME`, from the certificate.
 fn caller<T>(req: &Request<T>) -> String {
     req.extensions()
@@ -178,17 +195,38 @@ pub async fn serve(
         }
     });
     let shutdown = api.shutdown.clone();
-    let store = api.store.clone();
-    let svc = AdminServer::new(api)
-        .max_decoding_message_size(limits::MAX_FRAME_BYTES)
-        .max_encoding_message_size(limits::MAX_FRAME_BYTES * 4);
-    let checker = Arc::new(crate::admins::Checker::default());
-    let svc = tonic::service::interceptor::InterceptedService::new(svc, move |req| {
-        admitted(&store, &checker, req)
-    });
+    let gate = Gatekeeper {
+        store: api.store.clone(),
+        checker: Arc::new(crate::admins::Checker::default()),
+    };
+    // Every service behind the same check; messages as large as the
+    // protocol allows (a worker's transcript, a command's output).
+    macro_rules! service {
+        ($server:ty) => {
+            InterceptedService::new(
+                <$server>::new(api.clone())
+                    .max_decoding_message_size(limits::MAX_FRAME_BYTES)
+                    .max_encoding_message_size(limits::MAX_FRAME_BYTES * 4),
+                gate.clone(),
+            )
+        };
+    }
+    use byom_api::proto::{
+        admins_server::AdminsServer, approvals_server::ApprovalsServer,
+        connectors_server::ConnectorsServer, outbox_server::OutboxServer,
+        sources_server::SourcesServer, tasks_server::TasksServer, trust_server::TrustServer,
+    };
+    use tonic::service::interceptor::InterceptedService;
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
     if let Err(e) = tonic::transport::Server::builder()
-        .add_service(svc)
+        .add_service(service!(AdminServer<Api>))
+        .add_service(service!(TasksServer<Api>))
+        .add_service(service!(ApprovalsServer<Api>))
+        .add_service(service!(TrustServer<Api>))
+        .add_service(service!(AdminsServer<Api>))
+        .add_service(service!(ConnectorsServer<Api>))
+        .add_service(service!(OutboxServer<Api>))
+        .add_service(service!(SourcesServer<Api>))
         .serve_with_incoming_shutdown(incoming, async move { shutdown.cancelled().await })
         .await
     {
@@ -441,31 +479,6 @@ impl Admin for Api {
         self.remove_policy(req.into_inner())
             .await
             .map(Response::new)
-    }
-
-    async fn agent(&self, req: Request<pb::AgentRequest>) -> Reply<pb::AgentResponse> {
-        let by = caller(&req);
-        self.agent(req.into_inner(), &by).await.map(Response::new)
-    }
-
-    async fn channels(&self, req: Request<pb::AgentRequest>) -> Reply<pb::AgentResponse> {
-        use crate::channels::admin::OpError;
-        let r = req.into_inner();
-        let arg: serde_json::Value = if r.json.is_empty() {
-            serde_json::Value::Null
-        } else {
-            serde_json::from_str(&r.json)
-                .map_err(|e| Status::invalid_argument(format!("json: {e}")))?
-        };
-        match self.channels.op(&r.op, &r.id, &arg).await {
-            Ok(v) => Ok(Response::new(pb::AgentResponse {
-                json: v.to_string(),
-            })),
-            Err(e @ OpError::Invalid(_)) => Err(Status::invalid_argument(e.to_string())),
-            Err(e @ OpError::NotFound(_)) => Err(Status::not_found(e.to_string())),
-            Err(e @ OpError::Exists(_)) => Err(Status::already_exists(e.to_string())),
-            Err(e @ OpError::Unavailable(_)) => Err(Status::unavailable(e.to_string())),
-        }
     }
 
     type WatchCommandStream = Stream<pb::CommandEvent>;

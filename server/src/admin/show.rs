@@ -33,18 +33,20 @@ impl Api {
                     .map_err(store_err)?
                     .ok_or_else(none)?,
             ),
-            Some(Kind::Worker | Kind::Approval | Kind::Snapshot) => {
-                let text = crate::agents::lookup(&self.store, id)
+            Some(Kind::Worker) => Object::Worker(self.worker(id)?),
+            Some(Kind::Approval) => Object::Approval(self.approval(id)?.ok_or_else(none)?),
+            Some(Kind::Snapshot) => {
+                let bytes = self
+                    .store
+                    .get_snapshot(id)
                     .map_err(store_err)?
-                    .ok_or_else(none)?;
-                // Records are JSON: shown with RFC 3339 times like every
-                // other object.
-                Object::AgentJson(match serde_json::from_str(&text) {
-                    Ok(mut v) => {
-                        super::agents::times(&mut v);
-                        v.to_string()
-                    }
-                    Err(_) => text,
+                    .ok_or_else(none)?
+                    .len();
+                Object::Snapshot(pb::Snapshot {
+                    id: id.to_string(),
+                    bytes: bytes as u64,
+                    paused_program_of: crate::agents::paused_program_of(&self.store, id)
+                        .map_err(store_err)?,
                 })
             }
             Some(_) => {

@@ -17,7 +17,7 @@ use byom_agent::Event;
 use byom_store::{Op, Space, Store, StoreError};
 use tokio::sync::Notify;
 
-pub use world::lookup;
+pub use world::paused_program_of;
 
 /// The agents' durable inbox: triggers, answers and cancels are written
 /// (flushed) here before they are acknowledged; the driver takes them in

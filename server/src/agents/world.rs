@@ -32,8 +32,7 @@ pub struct LiveWorld {
 
 /// A fresh ID of `kind`: time-ordered, random within a millisecond.
 pub fn new_id(kind: Kind) -> String {
-    let mut r = [0u8; 10];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut r);
+    let r = byom_protocol::random::bytes::<10>();
     format!("{}{}", kind.prefix(), encode_body(byom_wire::now_ms(), r))
 }
 
@@ -289,6 +288,14 @@ pub fn paused_programs(store: &Store) -> Result<Vec<(String, String)>, StoreErro
         .collect())
 }
 
+/// The worker whose program is paused on snapshot `id`, if it still is.
+pub fn paused_program_of(store: &Store, id: &str) -> Result<Option<String>, StoreError> {
+    Ok(paused_programs(store)?
+        .into_iter()
+        .find(|(_, snp)| snp == id)
+        .map(|(worker, _)| worker))
+}
+
 fn command_line(c: &pb::Command) -> String {
     if c.shell.is_empty() {
         c.argv.join(" ")
@@ -353,11 +360,7 @@ pub fn lookup(store: &Store, id: &str) -> Result<Option<String>, StoreError> {
         Kind::Snapshot => match store.get_snapshot(id)? {
             None => None,
             Some(b) => {
-                // The program it belongs to, if it is still paused on it.
-                let owner = paused_programs(store)?
-                    .into_iter()
-                    .find(|(_, snp)| snp == id)
-                    .map(|(worker, _)| worker);
+                let owner = paused_program_of(store, id)?;
                 Some(
                     json!({"id": id, "bytes": b.len(), "paused_program_of": owner,
                            "what": "a paused interpreter's memory (signed, compressed)"})
