@@ -44,6 +44,18 @@ pub mod pb {
     include!("gen/byom.v1.rs");
 }
 
+impl pb::Machine {
+    /// Whether it has every label in `want` (a label selector: `key=value`
+    /// pairs, all required). The one place a selector is matched.
+    pub fn has_labels<K: AsRef<str>, V: AsRef<str>>(
+        &self,
+        want: impl IntoIterator<Item = (K, V)>,
+    ) -> bool {
+        want.into_iter()
+            .all(|(k, v)| self.labels.get(k.as_ref()).map(String::as_str) == Some(v.as_ref()))
+    }
+}
+
 /// Version of the daemon protocol. Bumped on incompatible changes; the ALPN
 /// carries it so mismatched peers fail in the TLS handshake with a clear error.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -185,6 +197,26 @@ impl pb::TriggerDecision {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_label_selector_needs_every_label() {
+        let m = crate::pb::Machine {
+            labels: [
+                ("team".to_string(), "web".to_string()),
+                ("os".into(), "linux".into()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        assert!(m.has_labels([("team", "web")]));
+        assert!(m.has_labels([("team", "web"), ("os", "linux")]));
+        assert!(m.has_labels(std::iter::empty::<(&str, &str)>()));
+        assert!(!m.has_labels([("team", "web"), ("os", "mac")]));
+        assert!(
+            !m.has_labels([("gpu", "")]),
+            "a missing label is not an empty one"
+        );
+    }
+
     use super::pb::CommandState;
 
     #[test]

@@ -68,7 +68,7 @@ pub async fn run(
         .machines;
     let matching: Vec<pb::Machine> = machines
         .into_iter()
-        .filter(|m| labels.iter().all(|(k, v)| m.labels.get(k) == Some(v)))
+        .filter(|m| m.has_labels(labels.iter().map(|(k, v)| (k, v))))
         .collect();
     let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     for m in matching.iter().filter(|m| !m.online || m.paused) {

@@ -193,7 +193,7 @@ impl World for LiveWorld {
             .list_machines()
             .map_err(away)?
             .into_iter()
-            .filter(|m| !m.revoked && labels.iter().all(|(k, v)| m.labels.get(k) == Some(v)))
+            .filter(|m| !m.revoked && m.has_labels(labels))
             .map(info)
             .collect())
     }

@@ -105,9 +105,7 @@ pub fn pick(
 ) -> Result<pb::Machine, PickError> {
     let matching: Vec<&Candidate> = candidates
         .iter()
-        .filter(|c| {
-            !c.machine.revoked && want.iter().all(|(k, v)| c.machine.labels.get(k) == Some(v))
-        })
+        .filter(|c| !c.machine.revoked && c.machine.has_labels(want))
         .collect();
     let selector = want
         .iter()
