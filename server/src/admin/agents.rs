@@ -92,14 +92,13 @@ impl Api {
             },
             &[],
         );
-        let claim = match self.claim("agent-cancel", by, &key, &fp).await? {
-            Ok(p) => p,
-            Err(done) => {
-                return earlier(&done.reply_json, |v| pb::CancelTaskResponse {
-                    id: v["id"].as_str().unwrap_or_default().into(),
-                    cancelling: v["cancelling"].as_bool().unwrap_or(true),
-                })
-            }
+        // A retry of the same request (the key's record checks that)
+        // gets the reply the first call got, which the request decides.
+        let Ok(claim) = self.claim("agent-cancel", by, &key, &fp).await? else {
+            return Ok(pb::CancelTaskResponse {
+                id: r.id,
+                cancelling: true,
+            });
         };
         let id = r.id.as_str();
         let w = self
@@ -251,14 +250,11 @@ impl Api {
             },
             &[],
         );
-        let claim = match self.claim("agent-answer", by, &key, &fp).await? {
-            Ok(p) => p,
-            Err(done) => {
-                return earlier(&done.reply_json, |v| pb::AnswerApprovalResponse {
-                    id: v["id"].as_str().unwrap_or_default().into(),
-                    approved: v["approved"].as_bool().unwrap_or(false),
-                })
-            }
+        let Ok(claim) = self.claim("agent-answer", by, &key, &fp).await? else {
+            return Ok(pb::AnswerApprovalResponse {
+                id: r.id,
+                approved: r.approved,
+            });
         };
         let id = r.id.as_str();
         let answer: Value = if r.answer_json.trim().is_empty() {
@@ -414,22 +410,19 @@ impl Api {
         })
     }
 
-    /// An approval by ID (for `show`).
+    /// An approval by ID (for `show`): its one record.
     pub(super) fn approval(&self, id: &str) -> Result<Option<pb::Approval>, Status> {
-        Ok(self
-            .approvals()?
-            .iter()
-            .find(|a| a.id == id)
-            .map(views::approval))
+        let Some(b) = self
+            .store
+            .get_raw(Space::Agents, &keys::record(id))
+            .map_err(store_err)?
+        else {
+            return Ok(None);
+        };
+        let a: Approval = serde_json::from_slice(&b)
+            .map_err(|e| Status::internal(format!("approval record {id} unreadable: {e}")))?;
+        Ok(Some(views::approval(&a)))
     }
-}
-
-/// The reply of a call made before with the same idempotency key, as
-/// its record kept it.
-fn earlier<T>(json: &str, f: impl FnOnce(&Value) -> T) -> Result<T, Status> {
-    let v: Value = serde_json::from_str(json)
-        .map_err(|e| Status::internal(format!("the earlier reply is unreadable: {e}")))?;
-    Ok(f(&v))
 }
 
 fn invalid(m: impl Into<String>) -> Status {
