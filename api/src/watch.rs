@@ -120,6 +120,41 @@ pub async fn run_command(
     }
 }
 
+/// Creates a command whose stdin, of any length, comes from `stdin` (its
+/// end is stdin's end) and starts following it (`Exec`): the command
+/// reads at its own pace, and the output comes whole, as fast as the
+/// caller reads it. Sent once: a stream cannot be replayed, so a call the
+/// server did not answer is an error (with `req`'s idempotency key, a
+/// retry by hand finds the command the first call created).
+pub async fn exec(
+    client: &Client,
+    req: pb::CreateCommandRequest,
+    stdin: tokio::sync::mpsc::Receiver<Vec<u8>>,
+) -> Result<Run, tonic::Status> {
+    use tokio_stream::StreamExt;
+    let first = pb::ExecInput {
+        create: Some(req),
+        stdin: Vec::new(),
+    };
+    let rest = tokio_stream::wrappers::ReceiverStream::new(stdin).map(|b| pb::ExecInput {
+        create: None,
+        stdin: b,
+    });
+    let mut c = client.clone();
+    let mut stream = c
+        .exec(tokio_stream::once(first).chain(rest))
+        .await?
+        .into_inner();
+    match stream.message().await? {
+        Some(pb::CommandEvent {
+            event: Some(Event::State(command)),
+        }) => Ok(Run { command, stream }),
+        _ => Err(tonic::Status::unavailable(
+            "the server ended the run before naming the command",
+        )),
+    }
+}
+
 impl Run {
     /// Follows the command to its end as [`watch_to_end`] does; `on` sees
     /// the record as created first.

@@ -1,10 +1,12 @@
 //! Running commands and holding their results.
 //!
 //! Each command runs in its own process group so cancel and timeout kill
-//! everything it started. Output is kept in memory per command (bounded by
-//! `MAX_COMMAND_OUTPUT_BYTES`; beyond it output is dropped and `truncated`
-//! is reported) until the server acknowledges the exit, so a stream cut by a
-//! network drop can be re-attached from the server's offsets.
+//! everything it started. Output of any length flows through a window per
+//! stream: bytes are kept in memory until the server acknowledges them
+//! (`OutputAck`), so a stream cut by a network drop can be re-attached
+//! from the server's offsets, and a full window stops reading the
+//! command's pipe, so a slow server or client slows the command instead of
+//! filling memory (`OUTPUT_WINDOW_BYTES`).
 //!
 //! Invariant: a command ID is run at most once per daemon process: `seen`
 //! remembers every ID this process accepted (bounded), and a repeat is
@@ -34,10 +36,49 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 /// background children) before the group is killed.
 const PIPE_DRAIN: Duration = Duration::from_secs(2);
 
+/// One output stream: the bytes the server has not acknowledged yet.
+#[derive(Default)]
+struct Pipe {
+    /// Offset of `buf[0]` in the stream: everything before it was
+    /// acknowledged and forgotten.
+    base: u64,
+    buf: std::collections::VecDeque<u8>,
+}
+
+impl Pipe {
+    /// Bytes written to the stream so far.
+    fn end(&self) -> u64 {
+        self.base + self.buf.len() as u64
+    }
+    fn ack(&mut self, to: u64) {
+        let n = to.saturating_sub(self.base).min(self.buf.len() as u64);
+        self.buf.drain(..n as usize);
+        self.base += n;
+    }
+    /// At most `max` bytes from `from` (or from the oldest kept byte, if
+    /// `from` was forgotten), with the offset they start at.
+    fn read(&self, from: u64, max: usize) -> (u64, Vec<u8>) {
+        let start = from.max(self.base);
+        let skip = ((start - self.base) as usize).min(self.buf.len());
+        let n = max.min(self.buf.len() - skip);
+        let (a, b) = self.buf.as_slices();
+        let mut out = Vec::with_capacity(n);
+        if skip < a.len() {
+            let k = n.min(a.len() - skip);
+            out.extend_from_slice(&a[skip..skip + k]);
+            out.extend_from_slice(&b[..n - k]);
+        } else {
+            let at = skip - a.len();
+            out.extend_from_slice(&b[at..at + n]);
+        }
+        (start, out)
+    }
+}
+
 #[derive(Default)]
 struct Output {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
+    pipes: [Pipe; 2],
+    /// Bytes were lost: a re-attach asked for output already forgotten.
     truncated: bool,
 }
 
@@ -51,6 +92,18 @@ pub struct Entry {
     /// Bumped on every change; streams wait on it.
     changed: watch::Sender<u64>,
     cancel: watch::Sender<Option<String>>,
+    /// Bumped when the server acknowledges output: a full window may
+    /// have room again.
+    acked: watch::Sender<u64>,
+    /// The process's stdin, when it comes on a stream of its own: taken
+    /// by that stream (see `conn::commands`).
+    stdin: Mutex<Option<tokio::process::ChildStdin>>,
+    /// Its stdin stream ended before its end.
+    stdin_cut: std::sync::atomic::AtomicBool,
+    /// Reads of the output pumps, and pumps waiting on a full window: a
+    /// pipe still draining is not a pipe held open by a stray child.
+    progress: std::sync::atomic::AtomicU64,
+    blocked: std::sync::atomic::AtomicU32,
 }
 
 impl Entry {
@@ -73,8 +126,37 @@ impl Entry {
     fn held_bytes(&self) -> u64 {
         self.output
             .lock()
-            .map(|o| (o.stdout.len() + o.stderr.len()) as u64)
+            .map(|o| o.pipes.iter().map(|p| p.buf.len() as u64).sum())
             .unwrap_or(0)
+    }
+    /// The server has the output up to these offsets: forget it.
+    pub fn ack(&self, offsets: [u64; 2]) {
+        if let Ok(mut o) = self.output.lock() {
+            for (p, to) in o.pipes.iter_mut().zip(offsets) {
+                p.ack(to);
+            }
+        }
+        self.acked.send_modify(|v| *v += 1);
+    }
+    /// Its process waits for a stdin stream not yet opened.
+    pub fn wants_stdin(&self) -> bool {
+        self.stdin.lock().map(|s| s.is_some()).unwrap_or(false)
+    }
+    /// Takes the process's stdin for its stream (once).
+    pub fn take_stdin(&self) -> Option<tokio::process::ChildStdin> {
+        self.stdin.lock().ok().and_then(|mut s| s.take())
+    }
+    /// Its stdin stream was cut before its end (or never came): the
+    /// process's stdin is closed and the exit record says so.
+    pub fn cut_stdin(&self) {
+        if let Some(s) = self.take_stdin() {
+            drop(s);
+            self.mark_stdin_cut();
+        }
+    }
+    pub fn mark_stdin_cut(&self) {
+        self.stdin_cut
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
@@ -89,19 +171,28 @@ impl Entry {
     pub fn exit(&self) -> Option<pb::Exit> {
         self.exit.lock().ok().and_then(|s| s.clone())
     }
-    /// Output of a stream from `offset`, at most `max` bytes.
-    pub fn output_from(&self, stream: pb::OutputStream, offset: u64, max: usize) -> Vec<u8> {
-        let Ok(o) = self.output.lock() else {
-            return Vec::new();
+    /// Output of a stream from `offset`, at most `max` bytes, with the
+    /// offset it starts at: later than `offset` when those bytes were
+    /// already acknowledged and forgotten (then `truncated` is set, as
+    /// the asker lost them).
+    pub fn output_from(&self, stream: pb::OutputStream, offset: u64, max: usize) -> (u64, Vec<u8>) {
+        let Ok(mut o) = self.output.lock() else {
+            return (offset, Vec::new());
         };
-        let buf = if stream == pb::OutputStream::Stderr {
-            &o.stderr
-        } else {
-            &o.stdout
-        };
-        let start = (offset as usize).min(buf.len());
-        let end = (start + max).min(buf.len());
-        buf[start..end].to_vec()
+        let i = usize::from(stream == pb::OutputStream::Stderr);
+        let (at, data) = o.pipes[i].read(offset, max);
+        if at > offset {
+            o.truncated = true;
+        }
+        (at, data)
+    }
+    /// Whether a stream has output past `offset`.
+    pub fn has_output(&self, stream: pb::OutputStream, offset: u64) -> bool {
+        let i = usize::from(stream == pb::OutputStream::Stderr);
+        self.output
+            .lock()
+            .map(|o| o.pipes[i].end() > offset)
+            .unwrap_or(false)
     }
 }
 
@@ -377,6 +468,11 @@ impl Runner {
             awaiting: Mutex::new(None),
             changed: watch::channel(0).0,
             cancel: watch::channel(None).0,
+            acked: watch::channel(0).0,
+            stdin: Mutex::new(None),
+            stdin_cut: std::sync::atomic::AtomicBool::new(false),
+            progress: std::sync::atomic::AtomicU64::new(0),
+            blocked: std::sync::atomic::AtomicU32::new(0),
         });
         t.entries.insert(req.command_id.clone(), entry.clone());
         drop(t);
@@ -533,8 +629,14 @@ mod tests {
         };
         let x = wait(&e).await;
         assert_eq!(x.exit_code, Some(3));
-        assert_eq!(e.output_from(pb::OutputStream::Stdout, 0, 100), b"out\n");
-        assert_eq!(e.output_from(pb::OutputStream::Stderr, 0, 100), b"err\n");
+        assert_eq!(
+            e.output_from(pb::OutputStream::Stdout, 0, 100),
+            (0, b"out\n".to_vec())
+        );
+        assert_eq!(
+            e.output_from(pb::OutputStream::Stderr, 0, 100),
+            (0, b"err\n".to_vec())
+        );
         assert!(matches!(
             r.admit(req(&id(1), "true")),
             Admission::Existing(_)
@@ -597,14 +699,57 @@ mod tests {
         }
     }
 
+    /// Output of any length flows through a window: a full one stops the
+    /// command (it blocks writing its pipe) until the server acknowledges,
+    /// and nothing is dropped.
     #[tokio::test]
-    async fn output_is_bounded() {
+    async fn a_full_window_slows_the_command_and_loses_nothing() {
         let r = Arc::new(Runner::new());
-        let Admission::Started(e) = r.admit(req(&id(4), "head -c 9000000 /dev/zero")) else {
+        let total = 3 * limits::OUTPUT_WINDOW_BYTES as u64 + 12345;
+        let Admission::Started(e) = r.admit(req(
+            &id(4),
+            &format!("head -c {total} /dev/zero; echo done >&2"),
+        )) else {
             panic!()
         };
+        // Nobody acknowledges: the window fills and the command waits.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(e.exit().is_none(), "the command ran past a full window");
+        assert!(e.held_bytes() <= limits::OUTPUT_WINDOW_BYTES as u64 * 2);
+        // Read and acknowledge like the server does, to the end.
+        let mut at = 0u64;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while e.exit().is_none() || e.has_output(pb::OutputStream::Stdout, at) {
+            assert!(Instant::now() < deadline, "stuck at {at}");
+            let (from, data) = e.output_from(pb::OutputStream::Stdout, at, 1 << 20);
+            assert_eq!(from, at, "bytes were skipped");
+            assert!(data.iter().all(|b| *b == 0));
+            at += data.len() as u64;
+            e.ack([at, 0]);
+            if data.is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
         let x = wait(&e).await;
-        assert!(x.truncated);
-        assert_eq!(x.stdout_bytes, limits::MAX_COMMAND_OUTPUT_BYTES);
+        assert_eq!(at, total);
+        assert_eq!(x.stdout_bytes, total);
+        assert!(!x.truncated);
+        // An attach from an offset already forgotten is told where the
+        // kept bytes start, and the loss is recorded.
+        let (from, _) = e.output_from(pb::OutputStream::Stdout, 0, 10);
+        assert_eq!(from, total);
+    }
+
+    #[test]
+    fn a_pipe_reads_across_its_ring() {
+        let mut p = Pipe::default();
+        p.buf.extend(0u8..10);
+        p.ack(4);
+        p.buf.extend(10u8..14);
+        assert_eq!(p.read(4, 100), (4, (4u8..14).collect::<Vec<_>>()));
+        assert_eq!(p.read(6, 3), (6, vec![6, 7, 8]));
+        assert_eq!(p.read(0, 2), (4, vec![4, 5]));
+        assert_eq!(p.read(20, 2), (20, vec![]));
+        assert_eq!(p.end(), 14);
     }
 }

@@ -91,7 +91,8 @@ fn finish(mut cfg: rustls::ClientConfig) -> anyhow::Result<quinn::ClientConfig> 
         .max_idle_timeout(Some(byom_protocol::limits::QUIC_IDLE_TIMEOUT.try_into()?))
         .keep_alive_interval(Some(byom_protocol::limits::QUIC_KEEP_ALIVE))
         .max_concurrent_bidi_streams(byom_protocol::limits::MAX_CONCURRENT_STREAMS.into())
-        .max_concurrent_uni_streams(0u32.into());
+        // The server opens one per command with a streamed stdin.
+        .max_concurrent_uni_streams(byom_protocol::limits::MAX_CONCURRENT_STREAMS.into());
     c.transport_config(Arc::new(transport));
     Ok(c)
 }

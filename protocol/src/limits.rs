@@ -7,10 +7,17 @@ use std::time::Duration;
 pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
 /// Largest `Output.data` the daemon sends in one frame.
 pub const MAX_OUTPUT_CHUNK_BYTES: usize = 64 * 1024;
-/// Output kept per command (stdout + stderr). Beyond it output is dropped and
-/// the command's `truncated` flag says so.
+/// Output of one stream a daemon sends past what the server acknowledged:
+/// a full window stops reading the command's pipe (the command waits).
+pub const OUTPUT_WINDOW_BYTES: usize = 4 * 1024 * 1024;
+/// The server acknowledges output at least every this many bytes (well
+/// inside the window, so the daemon never waits on an ack not coming).
+pub const OUTPUT_ACK_BYTES: u64 = 1024 * 1024;
+/// What `byom exec --json` collects of each stream for its one object
+/// (streaming, `--json --follow` or without `--json`, has no limit).
 pub const MAX_COMMAND_OUTPUT_BYTES: u64 = 8 * 1024 * 1024;
-/// Largest stdin a command may carry (it travels in one frame).
+/// Largest stdin carried inside a command's request (and record): more
+/// comes as a stream (`Exec`), any length.
 pub const MAX_STDIN_BYTES: usize = 512 * 1024;
 /// Largest argv or shell string, in bytes, all arguments together.
 pub const MAX_COMMAND_LINE_BYTES: usize = 128 * 1024;

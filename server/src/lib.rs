@@ -46,6 +46,7 @@ mod vault;
 mod webhook;
 
 pub use agents::programs::SandboxPrograms;
+pub use commands::OutputKeep;
 pub use migrate::{migrate as migrate_store, MigrateReport};
 pub use startup::{redact_url, run, ModelOptions, ServerInfo, ServerOptions};
 

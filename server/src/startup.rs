@@ -44,6 +44,9 @@ pub struct ServerOptions {
     /// have ended, before the command is given up as lost (a laptop asleep
     /// overnight keeps its work).
     pub offline_allowance: Duration,
+    /// What the store keeps of each command output stream (head and
+    /// tail); the attached client gets it all.
+    pub output_keep: crate::commands::OutputKeep,
     /// HTTPS address for webhooks (POST /hooks/SOURCE, HMAC-signed, and
     /// the connectors' endpoints).
     pub listen_webhook: SocketAddr,
@@ -295,7 +298,12 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         tracing::info!(replica = %cluster.replica, "one of the replicas sharing the store");
     }
     let live = Arc::new(LiveMachines::new(cluster.clone()));
-    let commands = Commands::new(store.clone(), live.clone(), opts.offline_allowance);
+    let commands = Commands::new(
+        store.clone(),
+        live.clone(),
+        opts.offline_allowance,
+        opts.output_keep,
+    );
     let inbox = AgentInbox::new(store.clone()).in_cluster(cluster.clone());
     let triggers = Triggers::new(store.clone(), rules, inbox.clone()).with_context(
         agent_cfg.budgets.context_messages,

@@ -47,7 +47,33 @@ impl Store {
             .put(Space::Output, &output_key(cmd, stream, offset), data)
     }
 
-    /// Bytes of contiguous output stored for a stream.
+    /// Forgets one stored output chunk (the tail moved past it).
+    pub fn delete_output(&self, cmd: &str, stream: i32, offset: u64) -> Result<()> {
+        self.kv
+            .delete(Space::Output, &output_key(cmd, stream, offset))
+    }
+
+    /// The stored chunks of a stream starting at or after `from`, as
+    /// (offset, length).
+    pub fn output_chunks(&self, cmd: &str, stream: i32, from: u64) -> Result<Vec<(u64, u64)>> {
+        let start = output_key(cmd, stream, from);
+        let end = output_key(cmd, stream, u64::MAX);
+        Ok(self
+            .kv
+            .range(
+                Space::Output,
+                Bound::Included(&start),
+                Bound::Included(&end),
+                false,
+                4096,
+            )?
+            .into_iter()
+            .map(|(k, v)| (offset_of(&k), v.len() as u64))
+            .collect())
+    }
+
+    /// End of the last output chunk stored for a stream (the store may
+    /// not keep every byte before it: see the server's head and tail).
     pub fn output_len(&self, cmd: &str, stream: i32) -> Result<u64> {
         let start = output_key(cmd, stream, 0);
         let end = output_key(cmd, stream, u64::MAX);

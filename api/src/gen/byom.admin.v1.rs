@@ -478,6 +478,32 @@ pub mod admin_client {
                 .insert(GrpcMethod::new("byom.admin.v1.Admin", "RunCommand"));
             self.inner.server_streaming(req, path, codec).await
         }
+        /// RunCommand with stdin of any length streamed in (see ExecInput), and
+        /// the output sent whole as it comes, the command slowed to the pace
+        /// this call reads at. The machine must be connected to this replica.
+        pub async fn exec(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<
+                Message = ::byom_protocol::pb::ExecInput,
+            >,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<::byom_protocol::pb::CommandEvent>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/byom.admin.v1.Admin/Exec");
+            let mut req = request.into_streaming_request();
+            req.extensions_mut().insert(GrpcMethod::new("byom.admin.v1.Admin", "Exec"));
+            self.inner.streaming(req, path, codec).await
+        }
         pub async fn show(
             &mut self,
             request: impl tonic::IntoRequest<::byom_protocol::pb::ShowRequest>,
@@ -789,6 +815,22 @@ pub mod admin_server {
             &self,
             request: tonic::Request<::byom_protocol::pb::CreateCommandRequest>,
         ) -> std::result::Result<tonic::Response<Self::RunCommandStream>, tonic::Status>;
+        /// Server streaming response type for the Exec method.
+        type ExecStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<
+                    ::byom_protocol::pb::CommandEvent,
+                    tonic::Status,
+                >,
+            >
+            + std::marker::Send
+            + 'static;
+        /// RunCommand with stdin of any length streamed in (see ExecInput), and
+        /// the output sent whole as it comes, the command slowed to the pace
+        /// this call reads at. The machine must be connected to this replica.
+        async fn exec(
+            &self,
+            request: tonic::Request<tonic::Streaming<::byom_protocol::pb::ExecInput>>,
+        ) -> std::result::Result<tonic::Response<Self::ExecStream>, tonic::Status>;
         async fn show(
             &self,
             request: tonic::Request<::byom_protocol::pb::ShowRequest>,
@@ -1673,6 +1715,54 @@ pub mod admin_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/byom.admin.v1.Admin/Exec" => {
+                    #[allow(non_camel_case_types)]
+                    struct ExecSvc<T: Admin>(pub Arc<T>);
+                    impl<
+                        T: Admin,
+                    > tonic::server::StreamingService<::byom_protocol::pb::ExecInput>
+                    for ExecSvc<T> {
+                        type Response = ::byom_protocol::pb::CommandEvent;
+                        type ResponseStream = T::ExecStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                tonic::Streaming<::byom_protocol::pb::ExecInput>,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Admin>::exec(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ExecSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

@@ -102,7 +102,7 @@ pub async fn run(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
                 .into_inner()
                 .command
                 .unwrap_or_default();
-            let (out, err) = collect_output(c, &id).await?;
+            let (out, err) = collect_output(c, &id, !json).await?;
             if json {
                 let mut v = command_json(&cmd);
                 v["stdout"] = Value::String(String::from_utf8_lossy(&out).into_owned());
@@ -143,11 +143,20 @@ pub async fn run(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
                         if cmd.network { "reachable" } else { "denied" }
                     );
                 }
-                if cmd.truncated {
+                if cmd.stdout_elided + cmd.stderr_elided > 0 {
                     println!(
-                        "  output:   truncated at {} bytes",
-                        byom_protocol::limits::MAX_COMMAND_OUTPUT_BYTES
+                        "  output:   {} of {} stdout bytes and {} of {} stderr bytes kept (the store keeps the head and the tail; the client attached got all)",
+                        cmd.stdout_bytes - cmd.stdout_elided,
+                        cmd.stdout_bytes,
+                        cmd.stderr_bytes - cmd.stderr_elided,
+                        cmd.stderr_bytes
                     );
+                }
+                if cmd.truncated {
+                    println!("  output:   bytes were lost on the way (a reconnect asked the machine for output it had handed on)");
+                }
+                if cmd.stdin_cut {
+                    println!("  stdin:    cut before its end (the client or its connection went)");
                 }
                 if !out.is_empty() {
                     println!("--- stdout ({} bytes)", out.len());
@@ -188,10 +197,16 @@ pub async fn run(c: &mut Client, cmd: CommandsCmd) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// All output stored so far for a finished or running command.
-pub async fn collect_output(c: &mut Client, id: &str) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+/// All output stored so far for a finished or running command; with
+/// `mark`, a line where bytes were not kept says how many.
+pub async fn collect_output(
+    c: &mut Client,
+    id: &str,
+    mark: bool,
+) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
     let mut out = Vec::new();
     let mut err = Vec::new();
+    let mut at = [0u64; 2];
     // A finished command's watch ends by itself; a running one's output so
     // far is enough for `show`.
     let opts = WatchOptions {
@@ -200,11 +215,14 @@ pub async fn collect_output(c: &mut Client, id: &str) -> anyhow::Result<(Vec<u8>
     };
     byom_api::watch_to_end(c, id, opts, |seen| {
         if let Seen::Output(o) = seen {
-            if o.stream == pb::OutputStream::Stderr as i32 {
-                err.extend_from_slice(&o.data);
-            } else {
-                out.extend_from_slice(&o.data);
+            let i = usize::from(o.stream == pb::OutputStream::Stderr as i32);
+            let buf = if i == 1 { &mut err } else { &mut out };
+            if mark && o.offset > at[i] {
+                let gap = format!("\n[byom: {} bytes not kept here]\n", o.offset - at[i]);
+                buf.extend_from_slice(gap.as_bytes());
             }
+            at[i] = o.offset + o.data.len() as u64;
+            buf.extend_from_slice(&o.data);
         }
     })
     .await

@@ -79,17 +79,101 @@ pub struct ExecArgs {
     pub argv: Vec<String>,
 }
 
-/// Reads stdin for the command (bounded by what the protocol carries).
-fn read_stdin() -> anyhow::Result<Vec<u8>> {
+/// How long `byom exec` waits for stdin to end before it streams it: a
+/// pipe still open then (`tail -f log | byom exec …`) or longer than a
+/// request carries goes as a stream.
+const STDIN_WAIT: Duration = Duration::from_millis(100);
+
+/// What the command reads.
+enum Input {
+    /// All of it, small enough to go in the request.
+    Whole(Vec<u8>),
+    /// A stream: what was read so far, then the rest as it comes.
+    Stream(
+        Vec<u8>,
+        tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    ),
+}
+
+/// Reads this process's stdin on a thread of its own, in chunks, as the
+/// consumer takes them (a bounded channel: a slow command slows the read).
+fn stdin_chunks() -> tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        loop {
+            let mut buf = vec![0u8; byom_protocol::limits::MAX_OUTPUT_CHUNK_BYTES];
+            match stdin.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    buf.truncate(n);
+                    if tx.blocking_send(Ok(buf)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Reads stdin for the command: whole, if it ends soon and fits in the
+/// request, else as a stream.
+async fn read_stdin() -> anyhow::Result<Input> {
     let max = byom_protocol::limits::MAX_STDIN_BYTES;
-    let mut stdin = Vec::new();
-    std::io::stdin()
-        .take(max as u64 + 1)
-        .read_to_end(&mut stdin)?;
-    if stdin.len() > max {
-        bail!("stdin is larger than {max} bytes; copy the data to the machine another way");
+    let mut rx = stdin_chunks();
+    let mut head = Vec::new();
+    let deadline = tokio::time::Instant::now() + STDIN_WAIT;
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(Ok(b))) => {
+                head.extend_from_slice(&b);
+                if head.len() > max {
+                    return Ok(Input::Stream(head, rx));
+                }
+            }
+            Ok(Some(Err(e))) => return Err(e).context("reading stdin"),
+            Ok(None) => return Ok(Input::Whole(head)),
+            Err(_) => return Ok(Input::Stream(head, rx)),
+        }
     }
-    Ok(stdin)
+}
+
+/// Sends `head` and then the rest of stdin to the command, in chunks; a
+/// read error ends it early (then `failed` is set).
+fn forward_stdin(
+    head: Vec<u8>,
+    mut rest: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::spawn(async move {
+        for piece in head.chunks(byom_protocol::limits::MAX_OUTPUT_CHUNK_BYTES) {
+            if tx.send(piece.to_vec()).await.is_err() {
+                return;
+            }
+        }
+        while let Some(r) = rest.recv().await {
+            match r {
+                Ok(b) => {
+                    if tx.send(b).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    eprintln!("byom: reading stdin failed: {e}; the command's stdin ends here");
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    });
+    rx
 }
 
 /// Checks the command line and reads stdin; the request to send (without
@@ -109,14 +193,6 @@ fn request(a: &mut ExecArgs) -> anyhow::Result<pb::CreateCommandRequest> {
     if a.shell.is_some() && !a.argv.is_empty() {
         bail!("give either --sh 'COMMAND LINE' or a command after the machine, not both");
     }
-    // As ssh: a pipe or a file is the command's input; a terminal is not,
-    // unless asked (-i); -n never.
-    let send_stdin = !a.no_stdin && (a.stdin || !std::io::stdin().is_terminal());
-    let stdin = if send_stdin {
-        read_stdin()?
-    } else {
-        Vec::new()
-    };
     Ok(pb::CreateCommandRequest {
         machine: a.machine.clone().unwrap_or_default(),
         labels: a.labels.iter().cloned().collect(),
@@ -124,15 +200,36 @@ fn request(a: &mut ExecArgs) -> anyhow::Result<pb::CreateCommandRequest> {
         shell: a.shell.clone().unwrap_or_default(),
         cwd: a.cwd.clone().unwrap_or_default(),
         env: a.env.iter().cloned().collect(),
-        stdin,
+        stdin: Vec::new(),
         timeout_ms: a.timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
         queue_ttl_ms: a.queue_ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
         idempotency_key: a.idempotency_key.clone().unwrap_or_else(byom_api::new_key),
+        stdin_stream: false,
     })
 }
 
 pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
-    let req = request(&mut a)?;
+    let mut req = request(&mut a)?;
+    // As ssh: a pipe or a file is the command's input; a terminal is not,
+    // unless asked (-i); -n never.
+    let send_stdin = !a.no_stdin && (a.stdin || !std::io::stdin().is_terminal());
+    let input = if send_stdin {
+        read_stdin().await?
+    } else {
+        Input::Whole(Vec::new())
+    };
+    let stdin_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let streamed = match input {
+        Input::Whole(b) => {
+            req.stdin = b;
+            None
+        }
+        Input::Stream(..) if a.all || a.detach => bail!(
+            "stdin longer than {} bytes (or still open) streams to one attached command: run it without --all and --detach, or copy the data first (byom cp)",
+            byom_protocol::limits::MAX_STDIN_BYTES
+        ),
+        Input::Stream(head, rest) => Some(forward_stdin(head, rest, stdin_failed.clone())),
+    };
     if a.all {
         if a.detach || a.json {
             bail!("--all streams every machine's lines; run it without --detach and --json");
@@ -141,7 +238,10 @@ pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
     }
     // Sent again, with the same key, if the server restarts meanwhile.
     // Attached, the command is created and followed in one call.
-    let (cmd, run) = if a.detach {
+    let (cmd, run) = if let Some(stdin) = streamed {
+        let run = byom_api::exec(c, req, stdin).await?;
+        (run.command.clone(), Some(run))
+    } else if a.detach {
         let cmd = byom_api::until_answered(|| {
             let (mut c, req) = (c.clone(), req.clone());
             async move { c.create_command(req).await }
@@ -186,11 +286,18 @@ pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
     // --json keeps stdout for JSON: the output is collected (or, with
     // --follow, printed as events).
     let mut captured: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+    let mut cut_json = false;
+    // Where each stream is; a chunk past it means bytes we never got.
+    let mut at = [0u64; 2];
+    let mut lost = [0u64; 2];
     let (json, follow) = (a.json, a.follow);
     let end = {
         let watch = run.to_end(c, opts, |seen| match seen {
             Seen::Output(o) => {
                 let err = o.stream == pb::OutputStream::Stderr as i32;
+                let i = usize::from(err);
+                lost[i] += o.offset.saturating_sub(at[i]);
+                at[i] = at[i].max(o.offset + o.data.len() as u64);
                 let r = if follow {
                     event_line(
                         &json!({"event": "output", "stream": if err {"stderr"} else {"stdout"},
@@ -200,6 +307,7 @@ pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
                     let buf = &mut captured[usize::from(err)];
                     let room = (byom_protocol::limits::MAX_COMMAND_OUTPUT_BYTES as usize)
                         .saturating_sub(buf.len());
+                    cut_json |= o.data.len() > room;
                     buf.extend_from_slice(&o.data[..o.data.len().min(room)]);
                     Ok(())
                 } else if err {
@@ -272,9 +380,9 @@ pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
             print_json(&v);
         }
     }
-    if s.truncated {
+    if cut_json {
         eprintln!(
-            "byom: output truncated at {} bytes",
+            "byom: --json keeps the first {} bytes of each stream; --json --follow (or no --json) gives all of it",
             byom_protocol::limits::MAX_COMMAND_OUTPUT_BYTES
         );
     }
@@ -283,8 +391,37 @@ pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
         CommandState::TimedOut => eprintln!("byom: {} timed out{}", s.id, reason(&s)),
         other => eprintln!("byom: {} {}{}", s.id, other.name(), reason(&s)),
     }
-    Ok(exit_status(&s))
+    let status = exit_status(&s);
+    // Bytes lost on the way: the status says so, whatever the command's.
+    let mut losses = Vec::new();
+    for (i, name) in ["stdout", "stderr"].into_iter().enumerate() {
+        let missing = lost[i] + [s.stdout_bytes, s.stderr_bytes][i].saturating_sub(at[i]);
+        if missing > 0 {
+            losses.push(format!(
+                "{missing} bytes of {name} did not reach this client"
+            ));
+        }
+    }
+    if s.truncated {
+        losses.push("the machine was asked for output it had already handed on".into());
+    }
+    if s.stdin_cut || stdin_failed.load(std::sync::atomic::Ordering::Relaxed) {
+        losses.push("the command's stdin was cut before its end".into());
+    }
+    if !losses.is_empty() {
+        eprintln!(
+            "byom: {}: {} (it exited with {status}); exiting 255",
+            s.id,
+            losses.join("; ")
+        );
+        return Ok(EXIT_LOST);
+    }
+    Ok(status)
 }
+
+/// `byom exec`'s status when bytes were lost on the way (stdin cut,
+/// output not delivered), as ssh's for its own failures.
+const EXIT_LOST: i32 = 255;
 
 /// One NDJSON line on stdout, flushed (a reader acts on each event).
 fn event_line(v: &serde_json::Value) -> std::io::Result<()> {

@@ -48,6 +48,15 @@ pub struct ServerArgs {
     /// overnight keeps its work and delivers it when it wakes).
     #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     pub offline_allowance: Duration,
+    /// What the store keeps of the start of each command output stream
+    /// (the client attached to a command gets every byte; see
+    /// `--output-tail`).
+    #[arg(long, default_value = "4MiB", value_parser = crate::js::parse_size, value_name = "SIZE")]
+    pub output_head: usize,
+    /// What the store keeps of the end of each command output stream; the
+    /// bytes in between are counted (`stdout_elided`), not kept.
+    #[arg(long, default_value = "4MiB", value_parser = crate::js::parse_size, value_name = "SIZE")]
+    pub output_tail: usize,
     /// Release directory whose byomd this server hands out (install.sh,
     /// the signed manifest, the artifacts) over HTTPS on its public port.
     /// Default: `dist/` beside this binary, if there is one.
@@ -116,6 +125,10 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
         public_addr: a.public_addr,
         cert_ttl: a.cert_ttl,
         offline_allowance: a.offline_allowance,
+        output_keep: byom_server::OutputKeep {
+            head: a.output_head as u64,
+            tail: a.output_tail as u64,
+        },
         dist: a.dist,
         store: a.store,
         store_key_file: a.store_key_file,

@@ -27,18 +27,84 @@ const START_REPORT_DELAY: Duration = Duration::from_millis(20);
 
 pub(super) async fn accept_streams(conn: &quinn::Connection, runner: &Arc<Runner>) -> String {
     loop {
-        let (send, recv) = match conn.accept_bi().await {
-            Ok(s) => s,
-            Err(e) => return format!("connection lost: {e}"),
-        };
         let runner = runner.clone();
-        tokio::spawn(async move {
-            if let Err(e) = handle_stream(send, recv, runner).await {
-                tracing::debug!("command stream ended: {e:#}");
+        tokio::select! {
+            s = conn.accept_bi() => {
+                let (send, recv) = match s {
+                    Ok(s) => s,
+                    Err(e) => return format!("connection lost: {e}"),
+                };
+                tokio::spawn(async move {
+                    if let Err(e) = handle_stream(send, recv, runner).await {
+                        tracing::debug!("command stream ended: {e:#}");
+                    }
+                });
             }
-        });
+            s = conn.accept_uni() => {
+                let recv = match s {
+                    Ok(s) => s,
+                    Err(e) => return format!("connection lost: {e}"),
+                };
+                tokio::spawn(async move {
+                    if let Err(e) = feed_stdin(recv, runner).await {
+                        tracing::debug!("stdin stream ended: {e:#}");
+                    }
+                });
+            }
+        }
     }
 }
+
+/// A command's stdin stream (`ExecRequest.stdin_stream`): its header
+/// names the command, the rest goes to the process's stdin as the process
+/// reads it (a process that does not read holds the stream back, never
+/// memory). The stream's end is stdin's end; a reset or a lost connection
+/// first cuts it, and the exit record says so. A process that closes its
+/// stdin stops the stream.
+async fn feed_stdin(mut recv: quinn::RecvStream, runner: Arc<Runner>) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let first: Option<ToDaemon> =
+        tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut recv)).await??;
+    let Some(to_daemon::Msg::Stdin(h)) = first.and_then(|f| f.msg) else {
+        let _ = recv.stop(STDIN_REFUSED);
+        anyhow::bail!("a unidirectional stream that is not a command's stdin");
+    };
+    tracing::debug!(cmd = %h.command_id, "stdin stream");
+    let Some(entry) = runner.get(&h.command_id) else {
+        let _ = recv.stop(STDIN_REFUSED);
+        anyhow::bail!(
+            "stdin for {}, which this daemon does not hold",
+            h.command_id
+        );
+    };
+    let Some(mut stdin) = entry.take_stdin() else {
+        let _ = recv.stop(STDIN_REFUSED);
+        anyhow::bail!("{} takes no stdin stream (or has one already)", entry.id);
+    };
+    loop {
+        match recv.read_chunk(limits::MAX_OUTPUT_CHUNK_BYTES, true).await {
+            Ok(Some(c)) => {
+                if stdin.write_all(&c.bytes).await.is_err() {
+                    // The process closed its stdin (or ended): it wants
+                    // no more, which is not a cut.
+                    let _ = recv.stop(STDIN_REFUSED);
+                    return Ok(());
+                }
+            }
+            Ok(None) => {
+                let _ = stdin.shutdown().await;
+                return Ok(());
+            }
+            Err(e) => {
+                entry.mark_stdin_cut();
+                anyhow::bail!("{}'s stdin was cut: {e}", entry.id);
+            }
+        }
+    }
+}
+
+/// Why the daemon stops reading a stdin stream (QUIC application code).
+const STDIN_REFUSED: quinn::VarInt = quinn::VarInt::from_u32(0);
 
 fn error(code: &str, message: impl Into<String>) -> ToServer {
     ToServer {
@@ -101,7 +167,14 @@ async fn handle_stream(
             return Ok(());
         }
     };
-    serve_entry(send, recv, &entry, offsets, &runner).await
+    let r = serve_entry(send, recv, &entry, offsets, &runner).await;
+    // The connection went before the command ended: a stdin stream it
+    // waits for cannot come on this connection, so its stdin is cut
+    // rather than left waiting forever.
+    if !entry.is_finished() {
+        entry.cut_stdin();
+    }
+    r
 }
 
 /// Streams a command's state and output from `offsets` until the server
@@ -130,6 +203,9 @@ async fn serve_entry(
                 Some(to_daemon::Msg::Ack(_)) => {
                     let _ = ack_tx.send(()).await;
                     return;
+                }
+                Some(to_daemon::Msg::OutputAck(a)) => {
+                    reader_entry.ack([a.stdout_offset, a.stderr_offset]);
                 }
                 _ => {}
             }
@@ -162,8 +238,10 @@ async fn serve_entry(
                 let output = [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
                     .into_iter()
                     .enumerate()
-                    .any(|(i, st)| !entry.output_from(st, offsets[i], 1).is_empty());
-                let due = report_start_at.is_some_and(|t| tokio::time::Instant::now() >= t);
+                    .any(|(i, st)| entry.has_output(st, offsets[i]));
+                // A stdin stream opens when the server hears of the start.
+                let due = report_start_at.is_some_and(|t| tokio::time::Instant::now() >= t)
+                    || entry.wants_stdin();
                 if exit.is_some() && !sent_approval {
                     // Said by the exit record.
                     sent_started = true;
@@ -188,14 +266,16 @@ async fn serve_entry(
             .enumerate()
         {
             loop {
-                let data = entry.output_from(stream, offsets[i], limits::MAX_OUTPUT_CHUNK_BYTES);
+                let (at, data) =
+                    entry.output_from(stream, offsets[i], limits::MAX_OUTPUT_CHUNK_BYTES);
                 if data.is_empty() {
                     break;
                 }
                 let len = data.len() as u64;
+                offsets[i] = at;
                 let out = pb::Output {
                     stream: stream as i32,
-                    offset: offsets[i],
+                    offset: at,
                     data,
                 };
                 write_frame(

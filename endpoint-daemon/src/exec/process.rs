@@ -59,9 +59,41 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(
 ) {
     // Filled without zeroing first: most commands print little or nothing.
     let mut raw = Vec::with_capacity(limits::MAX_OUTPUT_CHUNK_BYTES);
+    let mut acked = entry.acked.subscribe();
     loop {
+        // A full window: the server has not taken what we have. The
+        // command waits (its pipe fills) rather than memory growing.
+        let mut waited = false;
+        while entry
+            .output
+            .lock()
+            .map(|o| {
+                o.pipes
+                    .iter()
+                    .any(|p| p.buf.len() >= limits::OUTPUT_WINDOW_BYTES)
+            })
+            .unwrap_or(false)
+        {
+            if !waited {
+                waited = true;
+                entry
+                    .blocked
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            if acked.changed().await.is_err() {
+                return;
+            }
+        }
+        if waited {
+            entry
+                .blocked
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
         raw.clear();
         let n: usize = r.read_buf(&mut raw).await.unwrap_or_default();
+        entry
+            .progress
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Secret values never leave the machine: split across reads, or
         // between stdout and stderr, or encoded.
         let out = match scrub.lock() {
@@ -72,15 +104,8 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(
         };
         if out.iter().any(|o| !o.is_empty()) {
             if let Ok(mut o) = entry.output.lock() {
-                for (i, buf) in out.iter().enumerate() {
-                    let used = (o.stdout.len() + o.stderr.len()) as u64;
-                    let room = limits::MAX_COMMAND_OUTPUT_BYTES.saturating_sub(used) as usize;
-                    let take = buf.len().min(room);
-                    if take < buf.len() {
-                        o.truncated = true;
-                    }
-                    let dst = if i == 1 { &mut o.stderr } else { &mut o.stdout };
-                    dst.extend_from_slice(&buf[..take]);
+                for (p, buf) in o.pipes.iter_mut().zip(out.iter()) {
+                    p.buf.extend(buf.iter());
                 }
             }
             entry.bump();
@@ -179,7 +204,7 @@ struct Spawned {
 }
 
 fn stdio(cmd: &mut tokio::process::Command, req: &pb::ExecRequest) {
-    cmd.stdin(if req.stdin.is_empty() {
+    cmd.stdin(if req.stdin.is_empty() && !req.stdin_stream {
         Stdio::null()
     } else {
         Stdio::piped()
@@ -384,6 +409,13 @@ pub(super) async fn run_process(
         job: spawned.job,
     };
     let started_at_ms = now_ms();
+    // A streamed stdin is handed to its stream before the start is
+    // known, so the stream finds it once the server hears of the start.
+    if req.stdin_stream {
+        if let (Some(stdin), Ok(mut slot)) = (child.stdin.take(), entry.stdin.lock()) {
+            *slot = Some(stdin);
+        }
+    }
     if let Ok(mut s) = entry.started.lock() {
         *s = Some(pb::Started { pid, started_at_ms });
     }
@@ -438,7 +470,9 @@ pub(super) async fn run_process(
         }
     };
     // Background children may hold the pipes open: give them a moment, then
-    // take the group down so nothing outlives the command.
+    // take the group down so nothing outlives the command. Time spent
+    // waiting for the server to take output (a full window) or reading
+    // what is left does not count: only a pipe held open and silent.
     let drain = async {
         if let Some(o) = out {
             let _ = o.await;
@@ -447,9 +481,23 @@ pub(super) async fn run_process(
             let _ = e.await;
         }
     };
-    if tokio::time::timeout(PIPE_DRAIN, drain).await.is_err() {
-        tree.kill(SIGKILL);
+    tokio::pin!(drain);
+    let mut killed = false;
+    loop {
+        let before = entry.progress.load(std::sync::atomic::Ordering::Relaxed);
+        if tokio::time::timeout(PIPE_DRAIN, &mut drain).await.is_ok() {
+            break;
+        }
+        let moved = entry.progress.load(std::sync::atomic::Ordering::Relaxed) != before;
+        let waiting = entry.blocked.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        if !killed && !moved && !waiting {
+            // Once the group is dead the pipes end, and the pumps with them.
+            tree.kill(SIGKILL);
+            killed = true;
+        }
     }
+    // It ended without wanting (more of) its stdin: not a cut.
+    drop(entry.take_stdin());
     if ended_by.is_some() {
         tree.kill(SIGKILL);
     }
@@ -473,10 +521,11 @@ pub(super) async fn run_process(
         }
     }
     if let Ok(o) = entry.output.lock() {
-        exit.stdout_bytes = o.stdout.len() as u64;
-        exit.stderr_bytes = o.stderr.len() as u64;
+        exit.stdout_bytes = o.pipes[0].end();
+        exit.stderr_bytes = o.pipes[1].end();
         exit.truncated = o.truncated;
     }
+    exit.stdin_cut = entry.stdin_cut.load(std::sync::atomic::Ordering::Relaxed);
     #[cfg(target_os = "linux")]
     if let Some(t) = &spawned_tmp {
         crate::sandbox::host::remove_tmp(t);

@@ -191,6 +191,30 @@ pub struct ExecRequest {
     pub taint: ::prost::alloc::string::String,
     #[prost(string, tag = "11")]
     pub approved_by: ::prost::alloc::string::String,
+    /// stdin (any length) follows on a unidirectional stream of its own: a
+    /// `StdinHeader` frame naming the command, then the raw bytes to the
+    /// stream's end (EOF). A reset, or a connection lost before the end, cuts
+    /// it: the command's stdin closes and its Exit says `stdin_cut`. On its
+    /// own stream, stdin a command does not read never holds up its cancel.
+    #[prost(bool, tag = "12")]
+    pub stdin_stream: bool,
+}
+/// Opens a command's stdin stream (see `ExecRequest.stdin_stream`).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct StdinHeader {
+    #[prost(string, tag = "1")]
+    pub command_id: ::prost::alloc::string::String,
+}
+/// The server has what it needs of the command's output up to these
+/// offsets (stored, or sent on to whoever is attached): the daemon may
+/// forget it. The daemon sends no more than a window past them, so a slow
+/// reader slows the command instead of filling memory.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct OutputAck {
+    #[prost(uint64, tag = "1")]
+    pub stdout_offset: u64,
+    #[prost(uint64, tag = "2")]
+    pub stderr_offset: u64,
 }
 /// Re-attach to a command the daemon still runs or holds after a reconnect.
 /// The offsets are what the server has already persisted.
@@ -242,7 +266,8 @@ pub struct Exit {
     pub stdout_bytes: u64,
     #[prost(uint64, tag = "6")]
     pub stderr_bytes: u64,
-    /// Output beyond the per-command limit was dropped.
+    /// Output was lost: the server asked, after a reconnect, for bytes the
+    /// daemon had already forgotten (acknowledged, so kept or shown there).
     #[prost(bool, tag = "7")]
     pub truncated: bool,
     #[prost(string, tag = "8")]
@@ -262,6 +287,9 @@ pub struct Exit {
     /// The sandbox it ran in, as Hello.sandbox.
     #[prost(string, tag = "13")]
     pub sandbox: ::prost::alloc::string::String,
+    /// Its stdin stream ended before its end (see ExecRequest.stdin_stream).
+    #[prost(bool, tag = "14")]
+    pub stdin_cut: bool,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ToServer {
@@ -298,7 +326,7 @@ pub mod to_server {
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ToDaemon {
-    #[prost(oneof = "to_daemon::Msg", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "to_daemon::Msg", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
     pub msg: ::core::option::Option<to_daemon::Msg>,
 }
 /// Nested message and enum types in `ToDaemon`.
@@ -325,6 +353,10 @@ pub mod to_daemon {
         Ack(super::ResultAck),
         #[prost(message, tag = "10")]
         Error(super::ErrorReply),
+        #[prost(message, tag = "11")]
+        Stdin(super::StdinHeader),
+        #[prost(message, tag = "12")]
+        OutputAck(super::OutputAck),
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -398,6 +430,19 @@ pub struct Command {
     pub network: bool,
     #[prost(string, tag = "30")]
     pub sandbox: ::prost::alloc::string::String,
+    /// stdin came as a stream from an attached client (not in `stdin`).
+    #[prost(bool, tag = "31")]
+    pub stdin_stream: bool,
+    /// That stream ended before its end: the command saw a cut stdin.
+    #[prost(bool, tag = "32")]
+    pub stdin_cut: bool,
+    /// Output bytes the store did not keep: it keeps each stream's head and
+    /// tail (`\[output\]` in the server's config); the attached client saw
+    /// them all.
+    #[prost(uint64, tag = "33")]
+    pub stdout_elided: u64,
+    #[prost(uint64, tag = "34")]
+    pub stderr_elided: u64,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Machine {
@@ -624,6 +669,18 @@ pub struct CreateCommandRequest {
     /// idempotency window) returns the first result instead of creating again.
     #[prost(string, tag = "10")]
     pub idempotency_key: ::prost::alloc::string::String,
+    /// Only in `Exec`: stdin follows in the call's stream, any length.
+    #[prost(bool, tag = "11")]
+    pub stdin_stream: bool,
+}
+/// `Exec`'s client stream: the first message creates the command, the rest
+/// carry its stdin; the stream's end is stdin's end.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ExecInput {
+    #[prost(message, optional, tag = "1")]
+    pub create: ::core::option::Option<CreateCommandRequest>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub stdin: ::prost::alloc::vec::Vec<u8>,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CommandResponse {

@@ -50,13 +50,20 @@ impl Api {
         self.create(req, by, None).await
     }
 
-    /// Creates a command (with the ID `id`, if given).
+    /// Creates a command (with the ID `id`, if given). `stdin_stream`:
+    /// its stdin follows in an `Exec` call.
     async fn create(
         &self,
         mut req: pb::CreateCommandRequest,
         by: String,
         id: Option<String>,
     ) -> Result<pb::CommandResponse, Status> {
+        let stdin_stream = std::mem::take(&mut req.stdin_stream);
+        if stdin_stream && id.is_none() {
+            return Err(Status::invalid_argument(
+                "stdin_stream is for Exec, which streams it; CreateCommand and RunCommand carry stdin in the request",
+            ));
+        }
         let key = std::mem::take(&mut req.idempotency_key);
         let (env, labels) = (
             std::mem::take(&mut req.env),
@@ -93,6 +100,7 @@ impl Api {
                     cwd: req.cwd,
                     env: req.env,
                     stdin: req.stdin,
+                    stdin_stream,
                     timeout_ms: req.timeout_ms,
                     queue_ttl_ms: req.queue_ttl_ms,
                     requested_by: by,
@@ -158,7 +166,7 @@ impl Api {
         // Subscribed before the read, so no change after it is missed.
         let wake = self.commands.subscribe(&req.id);
         match self.command(&req.id) {
-            Ok(c) => Ok(self.watch_from(c, wake, [req.stdout_offset, req.stderr_offset])),
+            Ok(c) => Ok(self.watch_from(c, wake, [req.stdout_offset, req.stderr_offset], None)),
             Err(e) => {
                 drop(wake);
                 self.commands.unsubscribed(&req.id);
@@ -169,14 +177,58 @@ impl Api {
 
     /// Creates a command and watches it (`RunCommand`). The ID is chosen
     /// here so the watch is subscribed before the command exists: it then
-    /// starts from the created record without reading it back.
+    /// starts from the created record without reading it back. The caller
+    /// is the command's attached client: it gets every output byte (not
+    /// only what the store keeps), at the pace it reads.
     pub(super) async fn run_command(
         &self,
         req: pb::CreateCommandRequest,
         by: String,
     ) -> Result<Stream<pb::CommandEvent>, Status> {
+        if req.stdin_stream {
+            return Err(Status::invalid_argument(
+                "stdin_stream is for Exec, which streams it; RunCommand carries stdin in the request",
+            ));
+        }
+        self.run(req, by, None).await
+    }
+
+    /// `Exec`: as `RunCommand`, with stdin of any length streamed in
+    /// after the first message (which creates the command).
+    pub(super) async fn exec(
+        &self,
+        mut input: crate::commands::StdinSource,
+        by: String,
+    ) -> Result<Stream<pb::CommandEvent>, Status> {
+        let first = input.message().await?.ok_or_else(|| {
+            Status::invalid_argument("Exec needs a first message that creates the command")
+        })?;
+        let Some(mut req) = first.create else {
+            return Err(Status::invalid_argument(
+                "Exec's first message creates the command (ExecInput.create); stdin follows in later ones",
+            ));
+        };
+        if !first.stdin.is_empty() {
+            return Err(Status::invalid_argument(
+                "Exec's first message creates the command; stdin follows in later ones",
+            ));
+        }
+        req.stdin_stream = true;
+        self.run(req, by, Some(input)).await
+    }
+
+    async fn run(
+        &self,
+        req: pb::CreateCommandRequest,
+        by: String,
+        stdin: Option<crate::commands::StdinSource>,
+    ) -> Result<Stream<pb::CommandEvent>, Status> {
         let id = CommandId::new(byom_wire::now_ms()).to_string();
         let wake = self.commands.subscribe(&id);
+        let feed = self.commands.attach_output(&id);
+        if let Some(s) = stdin {
+            self.commands.put_stdin(&id, s);
+        }
         let created = self.create(req, by, Some(id.clone())).await;
         let c = match created {
             Ok(r) => r
@@ -185,11 +237,10 @@ impl Api {
             Err(e) => Err(e),
         };
         match c {
-            Ok(c) if c.id == id => Ok(self.watch_from(c, wake, [0, 0])),
+            Ok(c) if c.id == id => Ok(self.watch_from(c, wake, [0, 0], Some(feed))),
             // A retry: the command the first call created.
             Ok(c) => {
-                drop(wake);
-                self.commands.unsubscribed(&id);
+                self.forget(&id, wake);
                 self.watch_command(pb::WatchCommandRequest {
                     id: c.id,
                     stdout_offset: 0,
@@ -197,29 +248,42 @@ impl Api {
                 })
             }
             Err(e) => {
-                drop(wake);
-                self.commands.unsubscribed(&id);
+                self.forget(&id, wake);
                 Err(e)
             }
         }
     }
 
+    /// Drops what was set up for a command not created after all.
+    fn forget(&self, id: &str, wake: tokio::sync::watch::Receiver<crate::commands::Wake>) {
+        drop(wake);
+        self.commands.unsubscribed(id);
+        self.commands.detach_output(id);
+        drop(self.commands.take_stdin(id));
+    }
+
     /// Streams `c`'s output from `offsets` and its changes until it ends;
-    /// `c` was read (or written) after `wake` was subscribed.
+    /// `c` was read (or written) after `wake` was subscribed. `feed`: the
+    /// attached client's every chunk (else what the store keeps).
     fn watch_from(
         &self,
         c: pb::Command,
         wake: tokio::sync::watch::Receiver<crate::commands::Wake>,
         offsets: [u64; 2],
+        feed: Option<Feed>,
     ) -> Stream<pb::CommandEvent> {
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let api = self.clone();
         tokio::spawn(async move {
             let id = c.id.clone();
-            api.follow(c, wake, offsets, tx).await;
+            let attached = feed.is_some();
+            api.follow(c, wake, offsets, feed, tx).await;
             // The subscription went with `follow`: forget it unless
             // someone else still watches.
             api.commands.unsubscribed(&id);
+            if attached {
+                api.commands.detach_output(&id);
+            }
         });
         Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
@@ -231,6 +295,7 @@ impl Api {
         c: pb::Command,
         mut wake: tokio::sync::watch::Receiver<crate::commands::Wake>,
         mut offsets: [u64; 2],
+        mut feed: Option<Feed>,
         tx: tokio::sync::mpsc::Sender<Result<pb::CommandEvent, Status>>,
     ) {
         let mut last_state = None;
@@ -244,6 +309,16 @@ impl Api {
                     _ => return,
                 },
             };
+            // The attached client's chunks first: everything published
+            // before this read of the command is in the feed, and the
+            // store (read next) keeps only some of it.
+            if let Some(f) = feed.as_mut() {
+                while let Ok(o) = f.try_recv() {
+                    if !forward(&tx, &mut offsets, o).await {
+                        return;
+                    }
+                }
+            }
             // Output first, so a terminal state is the last event.
             let look = may_have_output(&cmd, offsets);
             for (i, stream) in [pb::OutputStream::Stdout, pb::OutputStream::Stderr]
@@ -268,18 +343,15 @@ impl Api {
                         break;
                     }
                     for (off, data) in chunks {
-                        offsets[i] = off + data.len() as u64;
                         let mut at = off;
                         for piece in data.chunks(limits::MAX_OUTPUT_CHUNK_BYTES) {
-                            let ev = pb::CommandEvent {
-                                event: Some(pb::command_event::Event::Output(pb::Output {
-                                    stream: stream as i32,
-                                    offset: at,
-                                    data: piece.to_vec(),
-                                })),
+                            let o = pb::Output {
+                                stream: stream as i32,
+                                offset: at,
+                                data: piece.to_vec(),
                             };
                             at += piece.len() as u64;
-                            if tx.send(Ok(ev)).await.is_err() {
+                            if !forward(&tx, &mut offsets, o).await {
                                 return;
                             }
                         }
@@ -300,14 +372,60 @@ impl Api {
             if cmd.state().is_terminal() {
                 return;
             }
-            tokio::select! {
-                _ = wake.changed() => {
-                    known = wake.borrow_and_update().ended.as_deref().cloned();
+            // Chunks from the feed go straight on; a change of the
+            // command (or the store) reads it again.
+            loop {
+                tokio::select! {
+                    o = next_chunk(&mut feed) => match o {
+                        Some(o) => {
+                            if !forward(&tx, &mut offsets, o).await {
+                                return;
+                            }
+                        }
+                        None => feed = None,
+                    },
+                    _ = wake.changed() => {
+                        known = wake.borrow_and_update().ended.as_deref().cloned();
+                        break;
+                    }
+                    _ = tokio::time::sleep(WATCH_POLL) => break,
+                    _ = tx.closed() => return,
+                    _ = self.shutdown.cancelled() => return,
                 }
-                _ = tokio::time::sleep(WATCH_POLL) => {}
-                _ = tx.closed() => return,
-                _ = self.shutdown.cancelled() => return,
             }
         }
     }
+}
+
+/// An attached client's output feed (see [`crate::commands::streams`]).
+type Feed = tokio::sync::mpsc::Receiver<pb::Output>;
+
+async fn next_chunk(feed: &mut Option<Feed>) -> Option<pb::Output> {
+    match feed {
+        Some(f) => f.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends the part of `o` past what the client has (feed and store may
+/// both carry a chunk); false: the client is gone.
+async fn forward(
+    tx: &tokio::sync::mpsc::Sender<Result<pb::CommandEvent, Status>>,
+    offsets: &mut [u64; 2],
+    mut o: pb::Output,
+) -> bool {
+    let i = usize::from(o.stream == pb::OutputStream::Stderr as i32);
+    let end = o.offset + o.data.len() as u64;
+    if end <= offsets[i] {
+        return true;
+    }
+    if o.offset < offsets[i] {
+        o.data.drain(..(offsets[i] - o.offset) as usize);
+        o.offset = offsets[i];
+    }
+    offsets[i] = end;
+    let ev = pb::CommandEvent {
+        event: Some(pb::command_event::Event::Output(o)),
+    };
+    tx.send(Ok(ev)).await.is_ok()
 }

@@ -483,6 +483,12 @@ impl Admin for Api {
 
     type WatchCommandStream = Stream<pb::CommandEvent>;
     type RunCommandStream = Stream<pb::CommandEvent>;
+    type ExecStream = Stream<pb::CommandEvent>;
+
+    async fn exec(&self, req: Request<tonic::Streaming<pb::ExecInput>>) -> Reply<Self::ExecStream> {
+        let by = caller(&req);
+        self.exec(req.into_inner(), by).await.map(Response::new)
+    }
 
     async fn run_command(
         &self,

@@ -151,16 +151,25 @@ impl Commands {
         Ok(())
     }
 
-    /// Stores an output chunk. Output implies the command runs (its
-    /// `Started` may have gone to an earlier connection): `running` says
-    /// whether that is known yet, and becomes true.
-    pub fn output(&self, id: &str, o: &pb::Output, running: &mut bool) -> Result<(), StoreError> {
+    /// Takes an output chunk: what the store keeps of it (see
+    /// [`super::streams`]) and the attached client's copy. Output implies
+    /// the command runs (its `Started` may have gone to an earlier
+    /// connection): `running` says whether that is known yet, and becomes
+    /// true.
+    pub async fn output(
+        &self,
+        id: &str,
+        o: &pb::Output,
+        running: &mut bool,
+        keeper: &mut super::Keeper,
+    ) -> Result<(), StoreError> {
         let stream = if o.stream == pb::OutputStream::Stderr as i32 {
             2
         } else {
             1
         };
-        self.store().append_output(id, stream, o.offset, &o.data)?;
+        let head = o.offset < self.inner.keep.head;
+        keeper.take(self.store(), stream, o.offset, &o.data)?;
         if !*running {
             *running = true;
             let _ = self.store().transition(
@@ -170,7 +179,26 @@ impl Commands {
                 |_| {},
             );
         }
-        self.notify(id);
+        self.publish_output(id, o).await;
+        // Watchers read the store: wake them when it has more.
+        if head {
+            self.notify(id);
+        }
+        Ok(())
+    }
+
+    /// Writes the tail the store keeps of a command's output, when due
+    /// (`now`: whatever its age).
+    pub fn write_tail(
+        &self,
+        id: &str,
+        keeper: &mut super::Keeper,
+        now: bool,
+    ) -> Result<(), StoreError> {
+        if now || keeper.due() {
+            keeper.write(self.store())?;
+            self.notify(id);
+        }
         Ok(())
     }
 
@@ -189,11 +217,21 @@ impl Commands {
             s if s.is_terminal() => s,
             _ => CommandState::Failed,
         };
+        // What the store did not keep of long output (its head and tail).
+        let mut elided = [0u64; 2];
+        for (i, total) in [x.stdout_bytes, x.stderr_bytes].into_iter().enumerate() {
+            if total > self.inner.keep.head {
+                elided[i] = super::streams::elided(self.store(), id, i as i32 + 1, total)?;
+            }
+        }
         let admission = match live {
             Some(l) => Some(l.admission.lock().await),
             None => None,
         };
         let ended = self.store().transition(id, ACTIVE, state, |c| {
+            c.stdout_elided = elided[0];
+            c.stderr_elided = elided[1];
+            c.stdin_cut = x.stdin_cut;
             c.exit_code = x.exit_code;
             c.signal = x.signal;
             c.duration_ms = x.duration_ms;

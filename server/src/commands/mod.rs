@@ -12,6 +12,7 @@
 
 mod daemon;
 pub mod queue;
+pub mod streams;
 mod wake;
 
 use std::collections::{BTreeMap, HashMap};
@@ -28,6 +29,7 @@ use crate::idempotency::Pending;
 use crate::live::decorate;
 use crate::live::{LiveMachine, LiveMachines};
 use queue::Candidate;
+pub use streams::{Keeper, OutputKeep, StdinSource};
 pub use wake::Wake;
 
 /// States of a command the daemon has (or may have) received.
@@ -79,6 +81,8 @@ pub struct NewCommand {
     pub cwd: String,
     pub env: HashMap<String, String>,
     pub stdin: Vec<u8>,
+    /// Its stdin comes as a stream (`Exec`), not in `stdin`.
+    pub stdin_stream: bool,
     pub timeout_ms: u64,
     /// 0: the default queue TTL.
     pub queue_ttl_ms: u64,
@@ -113,6 +117,7 @@ pub fn exec_request(c: &pb::Command) -> pb::ExecRequest {
         cwd: c.cwd.clone(),
         env: c.env.clone(),
         stdin: c.stdin.clone(),
+        stdin_stream: c.stdin_stream,
         timeout_ms: c.timeout_ms,
         requested_by: c.requested_by.clone(),
         tainted: c.tainted,
@@ -134,18 +139,60 @@ struct Inner {
     offline_allowance: Duration,
     /// Command → what its watchers are woken with on every change.
     watchers: Mutex<HashMap<String, watch::Sender<Wake>>>,
+    /// What the store keeps of each output stream.
+    keep: OutputKeep,
+    /// Attached clients' output feeds and waiting stdin streams.
+    feeds: streams::Feeds,
 }
 
 impl Commands {
-    pub fn new(store: Store, live: Arc<LiveMachines>, offline_allowance: Duration) -> Commands {
+    pub fn new(
+        store: Store,
+        live: Arc<LiveMachines>,
+        offline_allowance: Duration,
+        keep: OutputKeep,
+    ) -> Commands {
         Commands {
             inner: Arc::new(Inner {
                 store,
                 live,
                 offline_allowance,
                 watchers: Mutex::new(HashMap::new()),
+                keep,
+                feeds: streams::Feeds::default(),
             }),
         }
+    }
+
+    /// What the store keeps of a command's output.
+    pub fn output_keep(&self) -> OutputKeep {
+        self.inner.keep
+    }
+
+    /// Every output chunk of command `id` from now on, for the client
+    /// attached to it: the command's stream waits while it is full.
+    pub fn attach_output(&self, id: &str) -> tokio::sync::mpsc::Receiver<pb::Output> {
+        self.inner.feeds.attach(id)
+    }
+
+    pub fn detach_output(&self, id: &str) {
+        self.inner.feeds.detach(id)
+    }
+
+    /// Hands an output chunk to the client attached to its command, if
+    /// one is (here), once it has room.
+    pub async fn publish_output(&self, id: &str, o: &pb::Output) {
+        self.inner.feeds.publish(id, o).await
+    }
+
+    /// Keeps an `Exec` call's stdin for its command's start.
+    pub fn put_stdin(&self, id: &str, s: StdinSource) {
+        self.inner.feeds.put_stdin(id, s)
+    }
+
+    /// The stdin stream of a command starting now, if its call is here.
+    pub fn take_stdin(&self, id: &str) -> Option<StdinSource> {
+        self.inner.feeds.take_stdin(id)
     }
 
     pub(crate) fn store(&self) -> &Store {
@@ -292,6 +339,7 @@ impl Commands {
             cwd: n.cwd,
             env: n.env,
             stdin: n.stdin,
+            stdin_stream: n.stdin_stream,
             timeout_ms: n.timeout_ms,
             state: CommandState::Queued as i32,
             created_at_ms: now,
@@ -391,6 +439,7 @@ impl Commands {
                 cwd: String::new(),
                 env: HashMap::new(),
                 stdin: Vec::new(),
+                stdin_stream: false,
                 // A model's timeout is a wish: the longest allowed serves it.
                 timeout_ms: timeout_ms.min(ms(limits::MAX_COMMAND_TIMEOUT)),
                 queue_ttl_ms: 0,
@@ -594,7 +643,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_sled(dir.path()).unwrap();
         let live = Arc::new(LiveMachines::new(crate::cluster::Cluster::alone()));
-        let commands = Commands::new(store.clone(), live, Duration::from_secs(60));
+        let commands = Commands::new(
+            store.clone(),
+            live,
+            Duration::from_secs(60),
+            OutputKeep::default(),
+        );
         let c = pb::Command {
             id: "cmd_w".into(),
             machine_id: "mch_w".into(),

@@ -75,7 +75,7 @@ async fn drive(
     mode: Mode,
     mut cancel_rx: mpsc::Receiver<String>,
 ) -> anyhow::Result<()> {
-    let (mut send, mut recv) = live.conn.open_bi().await?;
+    let (mut send, recv) = live.conn.open_bi().await?;
     let first = match mode {
         Mode::Exec => to_daemon::Msg::Exec(crate::commands::exec_request(&cmd)),
         Mode::Attach => to_daemon::Msg::Attach(pb::AttachRequest {
@@ -100,23 +100,41 @@ async fn drive(
         Err(e) => return Err(e.into()),
     }
     if cmd.cancel_requested {
-        let cancel = ToDaemon {
-            msg: Some(to_daemon::Msg::Cancel(pb::Cancel {
-                reason: "cancelled".into(),
-            })),
-        };
-        write_frame(&mut send, &cancel).await?;
+        write_frame(&mut send, &cancel_frame("cancelled".into())).await?;
     }
     let id = cmd.id.clone();
     let commands = &gw.commands;
-    let mut stored_bytes = cmd.stdout_bytes + cmd.stderr_bytes;
+    let mut keeper = crate::commands::Keeper::new(&gw.store, &id, commands.output_keep())?;
     let mut running = cmd.state() == CommandState::Running;
+    // Output received (and taken) up to here, acknowledged every
+    // `OUTPUT_ACK_BYTES` so the daemon's window moves on.
+    let mut have = match mode {
+        Mode::Exec => [0, 0],
+        Mode::Attach => [
+            gw.store.output_len(&id, pb::OutputStream::Stdout as i32)?,
+            gw.store.output_len(&id, pb::OutputStream::Stderr as i32)?,
+        ],
+    };
+    let mut unacked = 0u64;
+    let mut stdin_opened = false;
+    let mut tail_timer = tokio::time::interval(crate::commands::streams::TAIL_WRITE);
+    tail_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Frames are read by a task of their own: reading one is not
+    // cancel-safe (a cancel or the tail's timer in the middle of one would
+    // lose its bytes and the stream's framing with them).
+    let mut frames = frame_reader(recv);
     loop {
         let frame = tokio::select! {
-            f = read_frame::<ToServer>(&mut recv) => f?,
+            f = frames.recv() => match f {
+                Some(f) => f?,
+                None => None,
+            },
             Some(reason) = cancel_rx.recv() => {
-                let cancel = ToDaemon { msg: Some(to_daemon::Msg::Cancel(pb::Cancel { reason })) };
-                write_frame(&mut send, &cancel).await?;
+                write_frame(&mut send, &cancel_frame(reason)).await?;
+                continue;
+            }
+            _ = tail_timer.tick() => {
+                commands.write_tail(&id, &mut keeper, false)?;
                 continue;
             }
         };
@@ -127,20 +145,46 @@ async fn drive(
             Some(to_server::Msg::Started(s)) => {
                 commands.started(&id, s.pid, s.started_at_ms)?;
                 running = true;
+                if cmd.stdin_stream && !stdin_opened && mode == Mode::Exec {
+                    stdin_opened = true;
+                    open_stdin(gw, live, &id);
+                }
             }
             Some(to_server::Msg::Output(o)) => {
                 if o.data.len() > limits::MAX_OUTPUT_CHUNK_BYTES {
                     anyhow::bail!("output chunk over the limit");
                 }
-                stored_bytes += o.data.len() as u64;
-                if stored_bytes
-                    > limits::MAX_COMMAND_OUTPUT_BYTES + limits::MAX_OUTPUT_CHUNK_BYTES as u64
-                {
-                    anyhow::bail!("daemon sent more output than the per-command limit");
+                let len = o.data.len() as u64;
+                let i = usize::from(o.stream == pb::OutputStream::Stderr as i32);
+                // May wait for the attached client; a cancel meanwhile
+                // still goes out.
+                let took = commands.output(&id, &o, &mut running, &mut keeper);
+                tokio::pin!(took);
+                loop {
+                    tokio::select! {
+                        r = &mut took => { r?; break; }
+                        Some(reason) = cancel_rx.recv() => {
+                            write_frame(&mut send, &cancel_frame(reason)).await?;
+                        }
+                    }
                 }
-                commands.output(&id, &o, &mut running)?;
+                have[i] = have[i].max(o.offset + len);
+                unacked += len;
+                if unacked >= limits::OUTPUT_ACK_BYTES {
+                    unacked = 0;
+                    // What the daemon forgets is durable here first.
+                    gw.store.flush_async().await?;
+                    let ack = ToDaemon {
+                        msg: Some(to_daemon::Msg::OutputAck(pb::OutputAck {
+                            stdout_offset: have[0],
+                            stderr_offset: have[1],
+                        })),
+                    };
+                    write_frame(&mut send, &ack).await?;
+                }
             }
             Some(to_server::Msg::Exit(x)) => {
+                commands.write_tail(&id, &mut keeper, true)?;
                 // Durable before the daemon may forget the result.
                 commands.exited(&id, &x, Some(live)).await?;
                 let ack = ToDaemon {
@@ -161,6 +205,97 @@ async fn drive(
                 return Ok(());
             }
             _ => anyhow::bail!("unexpected frame on a command stream"),
+        }
+    }
+}
+
+/// Frames read from a command stream, decoded, in order; the reader
+/// stops at the end, at an error (passed on), or when the channel is
+/// dropped. Two frames buffered: it reads no further ahead than that.
+fn frame_reader(
+    mut recv: quinn::RecvStream,
+) -> mpsc::Receiver<Result<Option<ToServer>, WireError>> {
+    let (tx, rx) = mpsc::channel(2);
+    tokio::spawn(async move {
+        loop {
+            let f = read_frame::<ToServer>(&mut recv).await;
+            let last = !matches!(f, Ok(Some(_)));
+            if tx.send(f).await.is_err() || last {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn cancel_frame(reason: String) -> ToDaemon {
+    ToDaemon {
+        msg: Some(to_daemon::Msg::Cancel(pb::Cancel { reason })),
+    }
+}
+
+/// How long opening a stdin stream may wait for the daemon to grant it.
+const STDIN_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why the server resets a stdin stream: the client's went before its
+/// end, or is not here (QUIC application code).
+const STDIN_CUT: quinn::VarInt = quinn::VarInt::from_u32(1);
+
+/// Opens command `id`'s stdin stream, now that it started, and feeds it
+/// from the `Exec` call that streams it in, at the pace the process reads.
+fn open_stdin(gw: &Gateway, live: &LiveMachine, id: &str) {
+    let source = gw.commands.take_stdin(id);
+    let conn = live.conn.clone();
+    let id = id.to_string();
+    tokio::spawn(async move {
+        if let Err(e) = feed_stdin(conn, &id, source).await {
+            tracing::debug!(cmd = %id, "stdin stream ended: {e:#}");
+        }
+    });
+}
+
+async fn feed_stdin(
+    conn: quinn::Connection,
+    id: &str,
+    source: Option<crate::commands::StdinSource>,
+) -> anyhow::Result<()> {
+    // A daemon too old to take stdin streams never grants one.
+    let mut send = tokio::time::timeout(STDIN_OPEN_TIMEOUT, conn.open_uni())
+        .await
+        .map_err(|_| anyhow::anyhow!("the daemon takes no stdin stream (too old?)"))??;
+    let header = ToDaemon {
+        msg: Some(to_daemon::Msg::Stdin(pb::StdinHeader {
+            command_id: id.to_string(),
+        })),
+    };
+    write_frame(&mut send, &header).await?;
+    tracing::debug!(cmd = %id, here = source.is_some(), "stdin stream opened");
+    // The call streaming it is not here (it went to another replica, or
+    // this server restarted since): the command's stdin is cut.
+    let Some(mut source) = source else {
+        let _ = send.reset(STDIN_CUT);
+        return Ok(());
+    };
+    let mut open = true;
+    loop {
+        match source.message().await {
+            Ok(Some(m)) => {
+                if open && !m.stdin.is_empty() && send.write_all(&m.stdin).await.is_err() {
+                    // The process wants no more: the rest is read and
+                    // dropped, so the client's call ends normally.
+                    open = false;
+                }
+            }
+            Ok(None) => {
+                if open {
+                    send.finish()?;
+                }
+                return Ok(());
+            }
+            Err(e) => {
+                let _ = send.reset(STDIN_CUT);
+                anyhow::bail!("the client's stdin ended early: {e}");
+            }
         }
     }
 }
