@@ -292,3 +292,171 @@ fn stdin_from_a_slow_producer_streams_to_its_end() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "25");
 }
+
+fn sha256_of(path: &std::path::Path) -> String {
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut h = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let k = f.read(&mut buf).unwrap();
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+    }
+    byom_protocol::hex(h.finish().as_ref())
+}
+
+#[cfg(unix)]
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// `byom cp` both ways: a gibibyte file up and down intact, its mode
+/// kept, memory bounded; a directory tree up and down with `-r`; the
+/// machine's policy decides (a denied copy writes nothing).
+#[test]
+fn cp_moves_files_and_trees_both_ways_intact() {
+    let (dir, server, d) = Server::with_lap(&[], &[]);
+    let pids = [server.pid().unwrap(), d.pid().unwrap()];
+    assert!(server.byom(&["exec", "lap", "true"]).status.success());
+    let idle: Vec<u64> = pids.iter().map(|p| rss_kib(*p)).collect();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    let big = src.join("big.bin");
+    {
+        let mut f = std::fs::File::create(&big).unwrap();
+        let mut block = vec![0u8; 16 << 20];
+        byom_protocol::random::fill(&mut block);
+        for _ in 0..total() / block.len() as u64 {
+            f.write_all(&block).unwrap();
+        }
+    }
+    std::fs::write(src.join("sub/small.txt"), b"small\n").unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o750)).unwrap();
+    }
+    let want = sha256_of(&big);
+    let there = dir.path().join("there");
+    std::fs::create_dir_all(&there).unwrap();
+
+    let t = Instant::now();
+    let (out, peak) = peak_rss(&pids, || {
+        server.byom(&[
+            "cp",
+            big.to_str().unwrap(),
+            &format!("lap:{}/", there.display()),
+        ])
+    });
+    assert!(out.status.success(), "{}", stderr(&out));
+    eprintln!(
+        "cp up: {} MiB in {:?}; peak RSS {peak:?} (idle {idle:?})",
+        total() >> 20,
+        t.elapsed()
+    );
+    let up = there.join("big.bin");
+    assert_eq!(sha256_of(&up), want, "cp up changed the bytes");
+    #[cfg(unix)]
+    assert_eq!(mode_of(&up), 0o750);
+    for (p, i) in peak.iter().zip(&idle) {
+        assert!(
+            p.saturating_sub(*i) < 64 << 10,
+            "RSS grew {p} KiB from {i} KiB"
+        );
+    }
+    // Nothing left beside it: the temporary name was renamed.
+    let names: Vec<_> = std::fs::read_dir(&there)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["big.bin".to_string()]);
+
+    let back = dir.path().join("back.bin");
+    let t = Instant::now();
+    let (out, peak) = peak_rss(&pids, || {
+        server.byom(&[
+            "cp",
+            &format!("lap:{}", up.display()),
+            back.to_str().unwrap(),
+        ])
+    });
+    assert!(out.status.success(), "{}", stderr(&out));
+    eprintln!(
+        "cp down: {} MiB in {:?}; peak RSS {peak:?}",
+        total() >> 20,
+        t.elapsed()
+    );
+    assert_eq!(sha256_of(&back), want, "cp down changed the bytes");
+    #[cfg(unix)]
+    assert_eq!(mode_of(&back), 0o750);
+    for (p, i) in peak.iter().zip(&idle) {
+        assert!(
+            p.saturating_sub(*i) < 64 << 10,
+            "RSS grew {p} KiB from {i} KiB"
+        );
+    }
+    std::fs::remove_file(&up).unwrap();
+    std::fs::remove_file(&back).unwrap();
+    std::fs::remove_file(&big).unwrap();
+
+    // Trees, with -r (and without it, a clear refusal).
+    let out = server.byom(&[
+        "cp",
+        src.to_str().unwrap(),
+        &format!("lap:{}/tree", there.display()),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("use -r"), "{}", stderr(&out));
+    let out = server.byom(&[
+        "cp",
+        "-r",
+        src.to_str().unwrap(),
+        &format!("lap:{}/tree", there.display()),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(there.join("tree/sub/small.txt")).unwrap(),
+        b"small\n"
+    );
+    let down = dir.path().join("tree-back");
+    let out = server.byom(&[
+        "cp",
+        "-r",
+        &format!("lap:{}/tree", there.display()),
+        down.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(down.join("sub/small.txt")).unwrap(),
+        b"small\n"
+    );
+
+    // A copy is a command: both sides keep it.
+    let v = server.json(&["commands", "ls"]);
+    let copies = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["argv"].to_string().contains("byom-cp"))
+        .count();
+    assert!(copies >= 4, "{v}");
+    let audit = std::fs::read_to_string(dir.path().join("lap/audit.log")).unwrap_or_default();
+    assert!(
+        audit.contains("byom-cp"),
+        "the machine's audit log does not show the copies"
+    );
+
+    // A missing file is a clear error and writes nothing here.
+    let nowhere = dir.path().join("nowhere");
+    let out = server.byom(&["cp", "lap:/nonexistent/file", nowhere.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no file /nonexistent/file"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!nowhere.exists());
+}

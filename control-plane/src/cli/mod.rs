@@ -10,6 +10,7 @@ mod audit;
 mod chat;
 mod commands;
 mod connectors;
+mod cp;
 mod demo;
 mod events;
 mod exec;
@@ -78,6 +79,10 @@ pub enum Cmd {
     Machines(machines::MachinesCmd),
     /// Run a command on a machine and stream its output.
     Exec(exec::ExecArgs),
+    /// Copy files to or from a machine (`byom cp [-r] SRC DST`, one side
+    /// MACHINE:PATH): streamed, checksummed, written atomically, checked
+    /// by the machine's policy and sandbox.
+    Cp(cp::CpArgs),
     /// Commands run or queued on machines.
     #[command(subcommand, alias = "command")]
     Commands(commands::CommandsCmd),
@@ -306,6 +311,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Token(t) => token::run(&mut connect(g).await?, t).await,
         Cmd::Machines(m) => machines::run(&mut connect(g).await?, m).await,
         Cmd::Exec(e) => exec::run(&mut connect(g).await?, e).await,
+        Cmd::Cp(a) => cp::run(&mut connect(g).await?, a).await,
         Cmd::Commands(x) => commands::run(&mut connect(g).await?, x).await,
         Cmd::Audit(x) => audit::run(&mut connect(g).await?, x).await,
         Cmd::Trust(x) => trust::run(&mut connect(g).await?, x).await,
