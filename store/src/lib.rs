@@ -93,6 +93,10 @@ pub enum RedeemError {
     Expired,
     #[error("this pairing token was revoked; create a new one with `byom token create`")]
     Revoked,
+    #[error("this pairing token paired all the {0} machines it may; create another with `byom token create --reusable --max-uses N`")]
+    UsedUp(u32),
+    #[error("too many machines are pairing with this token at once; try again")]
+    Busy,
 }
 
 /// Most records one list call returns.

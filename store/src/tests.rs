@@ -440,6 +440,57 @@ fn output_offsets() {
     });
 }
 
+/// A reusable token's uses are counted exactly under racing pairings:
+/// never more than `max_uses` succeed, and none is lost.
+#[test]
+fn a_reusable_token_counts_racing_uses_exactly() {
+    both(|f| {
+        let s = f.open();
+        let t = pb::Token {
+            id: "tok_r".into(),
+            secret_sha256: "hr".into(),
+            expires_at_ms: u64::MAX,
+            reusable: true,
+            max_uses: 5,
+            ..Default::default()
+        };
+        s.create_token(&t, &[]).unwrap();
+        let threads: Vec<_> = (0..12)
+            .map(|i| {
+                let s = s.clone();
+                std::thread::spawn(move || s.redeem_token("hr", &format!("mch_{i}"), 1).unwrap())
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(ok, 5, "{results:?}");
+        assert!(results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .all(|e| *e == RedeemError::UsedUp(5)));
+        assert_eq!(s.get_token("tok_r").unwrap().unwrap().uses, 5);
+        // Without a limit it goes on until it expires.
+        let t = pb::Token {
+            id: "tok_u".into(),
+            secret_sha256: "hu".into(),
+            expires_at_ms: 10,
+            reusable: true,
+            ..Default::default()
+        };
+        s.create_token(&t, &[]).unwrap();
+        for i in 0..20 {
+            assert!(s
+                .redeem_token("hu", &format!("mch_{i}"), 1)
+                .unwrap()
+                .is_ok());
+        }
+        assert_eq!(
+            s.redeem_token("hu", "mch_x", 10).unwrap(),
+            Err(RedeemError::Expired)
+        );
+    });
+}
+
 #[test]
 fn token_redeemed_once() {
     both(|f| {

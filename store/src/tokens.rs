@@ -58,31 +58,49 @@ impl Store {
             return Ok(Err(RedeemError::Unknown));
         };
         let id = String::from_utf8_lossy(&id).into_owned();
-        let Some(old) = self.kv.get(Space::Tokens, id.as_bytes())? else {
-            return Ok(Err(RedeemError::Unknown));
-        };
-        let mut token: pb::Token = decode(&id, &old)?;
-        if token.revoked {
-            return Ok(Err(RedeemError::Revoked));
+        // A reusable token's count races other pairings: each use is a
+        // compare-and-swap of the record, tried again on a lost race, so
+        // no two pairings take the same use and none is lost.
+        for _ in 0..REDEEM_TRIES {
+            let Some(old) = self.kv.get(Space::Tokens, id.as_bytes())? else {
+                return Ok(Err(RedeemError::Unknown));
+            };
+            let mut token: pb::Token = decode(&id, &old)?;
+            if token.revoked {
+                return Ok(Err(RedeemError::Revoked));
+            }
+            if now_ms >= token.expires_at_ms {
+                return Ok(Err(RedeemError::Expired));
+            }
+            if token.reusable {
+                if token.max_uses != 0 && token.uses >= token.max_uses {
+                    return Ok(Err(RedeemError::UsedUp(token.max_uses)));
+                }
+                token.uses += 1;
+            } else if token.used_at_ms != 0 {
+                return Ok(Err(RedeemError::Used));
+            }
+            token.used_at_ms = now_ms;
+            token.used_by = machine_id.to_string();
+            let swapped = self.kv.compare_and_swap(
+                Space::Tokens,
+                id.as_bytes(),
+                Some(&old),
+                Some(&token.encode_to_vec()),
+            )?;
+            if swapped {
+                return Ok(Ok(token));
+            }
+            if !token.reusable {
+                // Someone else changed it first: used or revoked, either
+                // way not ours.
+                return Ok(Err(RedeemError::Used));
+            }
         }
-        if token.used_at_ms != 0 {
-            return Ok(Err(RedeemError::Used));
-        }
-        if now_ms >= token.expires_at_ms {
-            return Ok(Err(RedeemError::Expired));
-        }
-        token.used_at_ms = now_ms;
-        token.used_by = machine_id.to_string();
-        let swapped = self.kv.compare_and_swap(
-            Space::Tokens,
-            id.as_bytes(),
-            Some(&old),
-            Some(&token.encode_to_vec()),
-        )?;
-        if !swapped {
-            // Someone else changed it first: used or revoked, either way not ours.
-            return Ok(Err(RedeemError::Used));
-        }
-        Ok(Ok(token))
+        Ok(Err(RedeemError::Busy))
     }
 }
+
+/// Compare-and-swap rounds a reusable token's use may lose to others
+/// before the pairing is refused (try again).
+const REDEEM_TRIES: usize = 64;

@@ -47,79 +47,6 @@ fn row(name: &str, mut v: Vec<Duration>) -> Row {
     }
 }
 
-fn sshd(dir: &Path) -> Option<(std::process::Child, Vec<String>)> {
-    let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())?;
-    let key = dir.join("id");
-    let hostkey = dir.join("hostkey");
-    for (k, t) in [(&key, "ed25519"), (&hostkey, "ed25519")] {
-        Command::new("ssh-keygen")
-            .args(["-q", "-t", t, "-N", "", "-f"])
-            .arg(k)
-            .status()
-            .ok()?;
-    }
-    std::fs::copy(dir.join("id.pub"), dir.join("authorized_keys")).ok()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let cfg = dir.join("sshd_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPasswordAuthentication no\nStrictModes no\nPidFile {}\nUsePAM no\n",
-            hostkey.display(),
-            dir.join("authorized_keys").display(),
-            dir.join("sshd.pid").display()
-        ),
-    )
-    .ok()?;
-    let _ = std::fs::create_dir_all("/run/sshd");
-    let child = Command::new(sshd)
-        .arg("-D")
-        .arg("-f")
-        .arg(&cfg)
-        .arg("-e")
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    std::thread::sleep(Duration::from_millis(500));
-    let args = vec![
-        "-p".to_string(),
-        port.to_string(),
-        "-i".into(),
-        key.display().to_string(),
-        "-o".into(),
-        "StrictHostKeyChecking=no".into(),
-        "-o".into(),
-        format!("UserKnownHostsFile={}", dir.join("known_hosts").display()),
-        "-o".into(),
-        "ControlMaster=auto".into(),
-        "-o".into(),
-        format!("ControlPath={}", dir.join("cm-%r@%h:%p").display()),
-        "-o".into(),
-        "ControlPersist=60".into(),
-        "-o".into(),
-        "BatchMode=yes".into(),
-        "127.0.0.1".into(),
-        "true".into(),
-    ];
-    // Warm the control master.
-    let ok = Command::new("ssh")
-        .args(&args)
-        .stdin(Stdio::null())
-        .status()
-        .ok()?
-        .success();
-    if !ok {
-        return None;
-    }
-    Some((child, args))
-}
-
 fn main() {
     let n: usize = std::env::var("BENCH_N")
         .ok()
@@ -201,8 +128,11 @@ fn main() {
     rows.push(row("`byom exec lap -- true` end to end", cli));
 
     let ssh_dir = tempfile::tempdir().unwrap();
-    let ssh = sshd(ssh_dir.path());
-    if let Some((_, args)) = &ssh {
+    let ssh = byom_tests::Sshd::start(ssh_dir.path());
+    if let Some(sshd) = &ssh {
+        let mut args = sshd.ssh_args();
+        args.push("true".into());
+        let args = &args;
         let v: Vec<Duration> = (0..cli_n)
             .map(|_| {
                 let t = Instant::now();
@@ -263,9 +193,8 @@ fn main() {
         "TCP fallback / QUIC p50: {:.2}x",
         t50.as_secs_f64() / q50.as_secs_f64()
     );
-    if let Some((mut child, _)) = ssh {
-        let _ = child.kill();
-    }
+    // sshd stops when its handle goes.
+    drop(ssh);
     sandbox(&server, dir.path(), &d, n, &rt);
 }
 

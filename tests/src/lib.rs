@@ -1079,3 +1079,113 @@ pub fn https_post(
         out.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
     ))
 }
+
+/// A local sshd on loopback for benchmarks to compare against (with a key
+/// of its own and a control master, as people run ssh); `None` when
+/// openssh-server is not installed or does not start.
+pub struct Sshd {
+    child: std::process::Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sshd {
+    pub fn start(dir: &Path) -> Option<Sshd> {
+        let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())?;
+        let key = dir.join("id");
+        let hostkey = dir.join("hostkey");
+        for k in [&key, &hostkey] {
+            Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                .arg(k)
+                .status()
+                .ok()?;
+        }
+        std::fs::copy(dir.join("id.pub"), dir.join("authorized_keys")).ok()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let cfg = dir.join("sshd_config");
+        std::fs::write(
+            &cfg,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPasswordAuthentication no\nStrictModes no\nPidFile {}\nUsePAM no\n",
+                hostkey.display(),
+                dir.join("authorized_keys").display(),
+                dir.join("sshd.pid").display()
+            ),
+        )
+        .ok()?;
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let child = Command::new(sshd)
+            .arg("-D")
+            .arg("-f")
+            .arg(&cfg)
+            .arg("-e")
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let s = Sshd {
+            child,
+            dir: dir.to_path_buf(),
+            port,
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        // Warm the control master.
+        let mut args = s.ssh_args();
+        args.push("true".into());
+        let ok = Command::new("ssh")
+            .args(&args)
+            .stdin(Stdio::null())
+            .status()
+            .ok()?
+            .success();
+        ok.then_some(s)
+    }
+
+    /// `-o` options both ssh and scp take.
+    fn options(&self) -> Vec<String> {
+        let mut v = vec!["-i".to_string(), self.dir.join("id").display().to_string()];
+        for o in [
+            "StrictHostKeyChecking=no".to_string(),
+            format!(
+                "UserKnownHostsFile={}",
+                self.dir.join("known_hosts").display()
+            ),
+            "ControlMaster=auto".into(),
+            format!("ControlPath={}", self.dir.join("cm-%r@%h:%p").display()),
+            "ControlPersist=60".into(),
+            "BatchMode=yes".into(),
+        ] {
+            v.push("-o".into());
+            v.push(o);
+        }
+        v
+    }
+
+    /// ssh's arguments up to the host (add the command).
+    pub fn ssh_args(&self) -> Vec<String> {
+        let mut v = vec!["-p".to_string(), self.port.to_string()];
+        v.extend(self.options());
+        v.push("127.0.0.1".into());
+        v
+    }
+
+    /// scp's options (then the paths; the host is 127.0.0.1).
+    pub fn scp_args(&self) -> Vec<String> {
+        let mut v = vec!["-q".to_string(), "-P".into(), self.port.to_string()];
+        v.extend(self.options());
+        v
+    }
+}

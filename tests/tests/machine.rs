@@ -151,6 +151,64 @@ fn long_output_reaches_the_client_whole() {
     assert!(!stderr(&out).contains("lost"), "{}", stderr(&out));
 }
 
+/// A fleet's token pairs up to its count, exactly, however the pairings
+/// race; its machines are named from their hostnames, made unique, and
+/// carry its labels.
+#[test]
+fn a_reusable_token_pairs_a_fleet_up_to_its_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let v = server.json(&[
+        "token",
+        "create",
+        "--max-uses",
+        "3",
+        "--ttl",
+        "24h",
+        "--label",
+        "team=web",
+        "--name",
+        "web-fleet",
+    ]);
+    assert_eq!(v["reusable"], true);
+    let token = v["token"].as_str().unwrap().to_string();
+    let pairs: Vec<_> = (0..6)
+        .map(|i| {
+            let (d, token) = (Daemon::new(dir.path(), &format!("m{i}")), token.clone());
+            std::thread::spawn(move || d.byomd(&["pair", &token, "--key-store", "file"]))
+        })
+        .collect();
+    let outs: Vec<_> = pairs.into_iter().map(|t| t.join().unwrap()).collect();
+    let ok = outs.iter().filter(|o| o.status.success()).count();
+    assert_eq!(ok, 3, "{:?}", outs.iter().map(stderr).collect::<Vec<_>>());
+    for o in outs.iter().filter(|o| !o.status.success()) {
+        assert!(
+            stderr(o).contains("paired all the 3 machines"),
+            "{}",
+            stderr(o)
+        );
+    }
+    let machines = server.json(&["machines", "ls"]);
+    let machines = machines.as_array().unwrap();
+    assert_eq!(machines.len(), 3);
+    let mut names: Vec<String> = machines
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 3, "names not unique: {names:?}");
+    assert!(
+        names.iter().all(|n| !n.starts_with("web-fleet")),
+        "{names:?}"
+    );
+    assert!(machines.iter().all(|m| m["labels"]["team"] == "web"));
+    let tokens = server.json(&["token", "ls", "--all"]);
+    assert_eq!(tokens[0]["uses"], 3, "{tokens}");
+    // Used up, it is no longer listed as usable.
+    assert_eq!(server.json(&["token", "ls"]).as_array().unwrap().len(), 0);
+}
+
 #[test]
 fn tokens_are_single_use_expire_and_revoke() {
     let dir = tempfile::tempdir().unwrap();

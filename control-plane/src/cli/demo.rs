@@ -253,6 +253,7 @@ async fn demo(dir: &Path) -> anyhow::Result<()> {
             name: "demo-laptop".into(),
             labels: [("demo".to_string(), "yes".to_string())].into(),
             idempotency_key: byom_api::new_key(),
+            ..Default::default()
         })
         .await?
         .into_inner();

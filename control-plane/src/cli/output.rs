@@ -168,7 +168,8 @@ pub fn token_json(t: &pb::Token) -> Value {
     json!({
         "id": t.id, "name": t.name, "labels": t.labels, "created_at": time(t.created_at_ms),
         "expires_at": time(t.expires_at_ms), "used_at": time(t.used_at_ms),
-        "used_by": t.used_by, "revoked": t.revoked,
+        "used_by": t.used_by, "revoked": t.revoked, "reusable": t.reusable,
+        "max_uses": t.max_uses, "uses": t.uses,
     })
 }
 

@@ -12,13 +12,24 @@ use super::parse_kv;
 
 #[derive(Subcommand, Debug)]
 pub enum TokenCmd {
-    /// Create a one-time pairing token.
+    /// Create a pairing token: one-time by default, or for a fleet
+    /// (`--reusable`, `--max-uses N`).
     Create {
+        /// How long it may be used (at most 7d).
         #[arg(long, default_value = "15m", value_parser = super::parse_token_ttl)]
         ttl: Duration,
-        /// Name for the machine that pairs with it.
+        /// Name for the machine that pairs with it (a reusable token's
+        /// machines are named from their hostnames, made unique; the name
+        /// then names the token).
         #[arg(long)]
         name: Option<String>,
+        /// Pair any number of machines until it expires or is revoked
+        /// (for images and fleets), each named from its hostname.
+        #[arg(long)]
+        reusable: bool,
+        /// With --reusable (implied): pair at most N machines.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_uses: Option<u32>,
         /// Labels for the machine (k=v, repeatable).
         #[arg(long = "label", value_parser = parse_kv)]
         labels: Vec<(String, String)>,
@@ -45,13 +56,16 @@ pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
         TokenCmd::Create {
             ttl,
             name,
+            reusable,
+            max_uses,
             labels: l,
             replace,
             json,
         } => {
+            let reusable = reusable || max_uses.is_some();
             // A second machine by an existing name would be called name-2:
             // say so, and how to re-pair the existing one instead.
-            if let (Some(n), None) = (&name, &replace) {
+            if let (Some(n), None, false) = (&name, &replace, reusable) {
                 let existing = c
                     .get_machine(pb::MachineRef { machine: n.clone() })
                     .await
@@ -70,6 +84,8 @@ pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
                 labels: l.into_iter().collect(),
                 replace: replace.clone().unwrap_or_default(),
                 idempotency_key: byom_api::new_key(),
+                reusable,
+                max_uses: max_uses.unwrap_or(0),
             };
             let r = byom_api::until_answered(|| {
                 let (mut c, req) = (c.clone(), req.clone());
@@ -93,11 +109,12 @@ pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
                 let replace = replace
                     .map(|m| format!(" --replace {m}"))
                     .unwrap_or_default();
-                eprintln!(
-                    "\nOne-time token {} (expires {}).",
-                    t.id,
-                    ago(t.expires_at_ms),
-                );
+                let kind = match (t.reusable, t.max_uses) {
+                    (false, _) => "One-time token".to_string(),
+                    (true, 0) => "Reusable token (any number of machines)".to_string(),
+                    (true, n) => format!("Reusable token (up to {n} machines)"),
+                };
+                eprintln!("\n{kind} {} (expires {}).", t.id, ago(t.expires_at_ms));
                 if r.install_command.is_empty() {
                     eprintln!(
                         "On a machine with byomd, run:\n  byomd pair{replace} {}\n(To install byomd with one line from this server, start it with --dist: see README, \"Install byomd\".)",
@@ -137,6 +154,16 @@ pub async fn run(c: &mut Client, cmd: TokenCmd) -> anyhow::Result<i32> {
                         .map(|t| {
                             let status = if t.revoked {
                                 "revoked".to_string()
+                            } else if t.reusable {
+                                let uses = match t.max_uses {
+                                    0 => format!("{} uses", t.uses),
+                                    n => format!("{}/{n} uses", t.uses),
+                                };
+                                if t.expires_at_ms <= now {
+                                    format!("expired, {uses}")
+                                } else {
+                                    format!("reusable, {uses}")
+                                }
                             } else if t.used_at_ms != 0 {
                                 format!("used by {}", t.used_by)
                             } else if t.expires_at_ms <= now {

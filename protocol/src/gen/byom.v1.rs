@@ -540,6 +540,15 @@ pub struct Token {
     /// Machine ID this token may replace (`byom token create --replace M`).
     #[prost(string, tag = "10")]
     pub replace_machine: ::prost::alloc::string::String,
+    /// Pairs any number of machines (up to `max_uses`, 0: no limit) until it
+    /// expires or is revoked; each machine is named from its hostname, made
+    /// unique. `used_at_ms` and `used_by` are then the last use.
+    #[prost(bool, tag = "11")]
+    pub reusable: bool,
+    #[prost(uint32, tag = "12")]
+    pub max_uses: u32,
+    #[prost(uint32, tag = "13")]
+    pub uses: u32,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CreateTokenRequest {
@@ -559,6 +568,11 @@ pub struct CreateTokenRequest {
     /// idempotency window) returns the first result instead of creating again.
     #[prost(string, tag = "5")]
     pub idempotency_key: ::prost::alloc::string::String,
+    /// A fleet's token: see Token.reusable (`max_uses` implies it).
+    #[prost(bool, tag = "6")]
+    pub reusable: bool,
+    #[prost(uint32, tag = "7")]
+    pub max_uses: u32,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CreateTokenResponse {

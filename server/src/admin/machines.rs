@@ -82,6 +82,12 @@ impl Api {
                 "bad name: use lower-case letters, digits, '-', '_' or '.'",
             ));
         }
+        let reusable = req.reusable || req.max_uses > 0;
+        if reusable && !req.replace.is_empty() {
+            return Err(Status::invalid_argument(
+                "a token that replaces a machine pairs exactly one: leave out --reusable and --max-uses",
+            ));
+        }
         let replace_machine = if req.replace.is_empty() {
             String::new()
         } else {
@@ -111,6 +117,8 @@ impl Api {
             expires_at_ms: now + ttl,
             secret_sha256: byom_wire::hex(&byom_wire::sha256(&secret.secret)),
             replace_machine,
+            reusable,
+            max_uses: req.max_uses,
             ..Default::default()
         };
         self.store
@@ -149,7 +157,14 @@ impl Api {
         let now = byom_wire::now_ms();
         let mut tokens = self.store.list_tokens().map_err(store_err)?;
         tokens.retain(|t| {
-            req.include_used || (t.used_at_ms == 0 && !t.revoked && t.expires_at_ms > now)
+            req.include_used
+                || (!t.revoked
+                    && t.expires_at_ms > now
+                    && if t.reusable {
+                        t.max_uses == 0 || t.uses < t.max_uses
+                    } else {
+                        t.used_at_ms == 0
+                    })
         });
         for t in &mut tokens {
             t.secret_sha256.clear();

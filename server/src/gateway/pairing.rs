@@ -103,8 +103,10 @@ async fn pair(
         Ok(Err(e)) => return Err(("token_rejected", e.to_string())),
         Err(e) => return Err(internal(&e)),
     };
-    // The admin's choice (the token's name) wins over the machine's.
-    let name = if names::valid_name(&tok.name) {
+    // The admin's choice (the token's name) wins over the machine's; a
+    // fleet's token names none (its machines are named from their
+    // hostnames, made unique by the store).
+    let name = if names::valid_name(&tok.name) && !tok.reusable {
         tok.name.clone()
     } else if names::valid_name(&names::sanitize_name(&req.name)) && !req.name.is_empty() {
         names::sanitize_name(&req.name)
