@@ -147,6 +147,39 @@ fn follow_rename(dir: &Path, name: &str) {
     }
 }
 
+/// Most server addresses a daemon keeps.
+const MAX_SERVER_ADDRS: usize = 16;
+
+/// Keeps the replicas' addresses the server told (after the ones known):
+/// when the one dialed does not answer, the next is tried.
+fn keep_server_addrs(dir: &Path, told: &[String]) {
+    let Ok(mut id) = Identity::load(dir) else {
+        return;
+    };
+    let mut addrs: Vec<String> = id
+        .server_addr
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let before = addrs.len();
+    for a in told {
+        // Printable host:port only: this goes into the identity file.
+        let ok =
+            !a.is_empty() && a.len() <= 255 && a.chars().all(|c| c.is_ascii_graphic() && c != ',');
+        if ok && !addrs.contains(a) && addrs.len() < MAX_SERVER_ADDRS {
+            addrs.push(a.clone());
+        }
+    }
+    if addrs.len() != before {
+        id.server_addr = addrs.join(",");
+        tracing::info!(servers = %id.server_addr, "the server's replicas");
+        if let Err(e) = id.save(dir) {
+            tracing::warn!("cannot record the server's replicas: {e:#}");
+        }
+    }
+}
+
 /// Whether a `byomd run` holds this config dir now (its lock, not a PID
 /// that may have been reused since).
 pub fn running(dir: &Path) -> bool {
@@ -494,6 +527,7 @@ async fn session(
     tracing::info!(machine = %ident.machine_id, %name, %server, transport = transport.name(), "connected");
     // An admin may have renamed the machine while it was away.
     follow_rename(dir, &name);
+    keep_server_addrs(dir, &ack.server_addrs);
     set_status(
         dir,
         &format!("connected over {}", transport.name()),

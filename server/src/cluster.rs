@@ -97,6 +97,9 @@ impl Note {
 pub struct Cluster {
     /// This process's ID among the replicas.
     pub replica: String,
+    /// The address daemons dial for this replica (said in its heartbeat,
+    /// so every replica can tell daemons all of them).
+    addr: std::sync::Mutex<String>,
     store: Option<Store>,
     /// Whether another replica was alive at the last heartbeat: alone, a
     /// replica tells no one (a statement per change saved). One that
@@ -110,6 +113,7 @@ impl Cluster {
     pub fn alone() -> Arc<Cluster> {
         Arc::new(Cluster {
             replica: "local".into(),
+            addr: std::sync::Mutex::default(),
             store: None,
             others: AtomicBool::new(false),
         })
@@ -125,6 +129,7 @@ impl Cluster {
         let replica = format!("rep_{}", &random[..16.min(random.len())]);
         Arc::new(Cluster {
             replica,
+            addr: std::sync::Mutex::default(),
             store: Some(store.clone()),
             // Until the first heartbeat has looked.
             others: AtomicBool::new(true),
@@ -133,6 +138,36 @@ impl Cluster {
 
     pub fn shared(&self) -> bool {
         self.store.is_some()
+    }
+
+    /// Sets the address daemons dial for this replica.
+    pub fn set_addr(&self, addr: &str) {
+        if let Ok(mut a) = self.addr.lock() {
+            *a = addr.to_string();
+        }
+    }
+
+    fn own_addr(&self) -> String {
+        self.addr.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    /// The addresses daemons may dial: this replica's first, then every
+    /// other live one's (for a daemon to keep, and fall back on).
+    pub fn addrs(&self) -> Vec<String> {
+        let mut out = vec![self.own_addr()];
+        if let Some(s) = &self.store {
+            let now = byom_wire::now_ms();
+            if let Ok(all) = s.scan_prefix(Space::Replicas, "", MAX_REPLICAS) {
+                for (_, v) in all {
+                    let (until, addr) = beat(&v);
+                    if until > now && !addr.is_empty() && !out.contains(&addr) {
+                        out.push(addr);
+                    }
+                }
+            }
+        }
+        out.retain(|a| !a.is_empty());
+        out
     }
 
     /// Tells the other replicas `note`, after the writes made before it.
@@ -188,10 +223,7 @@ impl Cluster {
             return replica == self.replica;
         };
         match s.get_raw(Space::Replicas, replica) {
-            Ok(Some(v)) => {
-                let until = <[u8; 8]>::try_from(v.as_slice()).map_or(0, u64::from_be_bytes);
-                until > byom_wire::now_ms()
-            }
+            Ok(Some(v)) => beat(&v).0 > byom_wire::now_ms(),
             _ => false,
         }
     }
@@ -210,8 +242,10 @@ impl Cluster {
             let now = byom_wire::now_ms();
             let until = now + ALIVE_FOR.as_millis() as u64;
             let (s2, me) = (s.clone(), self.replica.clone());
+            let mut value = until.to_be_bytes().to_vec();
+            value.extend_from_slice(self.own_addr().as_bytes());
             let r = tokio::task::spawn_blocking(move || {
-                s2.put_raw(Space::Replicas, &me, &until.to_be_bytes())?;
+                s2.put_raw(Space::Replicas, &me, &value)?;
                 s2.scan_prefix(Space::Replicas, "", MAX_REPLICAS)
             })
             .await;
@@ -219,7 +253,7 @@ impl Cluster {
                 Ok(Ok(all)) => {
                     let mut others = all.len() >= MAX_REPLICAS;
                     for (r, v) in &all {
-                        let until = <[u8; 8]>::try_from(v.as_slice()).map_or(0, u64::from_be_bytes);
+                        let until = beat(v).0;
                         if *r == self.replica {
                             continue;
                         }
@@ -246,6 +280,20 @@ impl Cluster {
         }
         let _ = s.delete_raw(Space::Replicas, &self.replica);
     }
+}
+
+/// A replica's heartbeat record: alive until (ms), then the address
+/// daemons dial for it (empty from a replica that says none).
+fn beat(v: &[u8]) -> (u64, String) {
+    let until = v
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, u64::from_be_bytes);
+    let addr = v
+        .get(8..)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .unwrap_or_default();
+    (until, addr)
 }
 
 #[cfg(test)]

@@ -294,6 +294,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     // The handles: each task gets the ones it needs.
     let shutdown = CancellationToken::new();
     let cluster = crate::cluster::Cluster::join(&store);
+    cluster.set_addr(&identity.public_addr);
     if cluster.shared() {
         tracing::info!(replica = %cluster.replica, "one of the replicas sharing the store");
     }

@@ -35,6 +35,37 @@ fn lease_holder(servers: &[Server]) -> Option<usize> {
     })
 }
 
+/// A daemon paired through one replica learns every replica's address
+/// from its HelloAck, keeps them, and when that replica dies connects to
+/// another by itself (no --server given).
+#[test]
+fn a_daemon_learns_the_replicas_and_fails_over_to_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, mut s) = replicas(dir.path(), 3);
+    let tok = s[0].token(&["--name", "lap"]);
+    let mut d = Daemon::new(dir.path(), "lap");
+    d.pair(&tok, "lap");
+    d.start();
+    s[0].wait_online("lap", true, T);
+    let all: Vec<String> = s.iter().map(|r| r.quic_addr.to_string()).collect();
+    wait_for("the daemon to keep every replica's address", T, || {
+        let kept = d.identity()["server_addr"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        all.iter().all(|a| kept.contains(a.as_str())).then_some(())
+    });
+    s[0].kill9();
+    wait_for("the daemon on another replica", T, || {
+        let v = s[1].json(&["machines", "ls"]);
+        (v[0]["online"] == true && !v[0]["remote_addr"].as_str().unwrap_or("").is_empty())
+            .then_some(())
+    });
+    let out = s[2].byom(&["exec", "lap", "echo", "still here"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "still here");
+}
+
 #[test]
 fn any_replica_serves_any_machine_and_any_call() {
     let dir = tempfile::tempdir().unwrap();

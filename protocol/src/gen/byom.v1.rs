@@ -127,6 +127,10 @@ pub struct HelloAck {
     /// ships none. A daemon that is behind may upgrade (`byomd upgrade`).
     #[prost(string, tag = "5")]
     pub dist_version: ::prost::alloc::string::String,
+    /// Every replica's address (this one's first): the daemon keeps them
+    /// and dials the next when one does not answer.
+    #[prost(string, repeated, tag = "6")]
+    pub server_addrs: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Ping {

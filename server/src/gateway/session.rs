@@ -154,6 +154,7 @@ pub(super) async fn serve(
                 machine_name: m.name.clone(),
                 heartbeat_interval_ms: limits::HEARTBEAT_INTERVAL.as_millis() as u32,
                 dist_version: gw.identity.site.shipped_version().to_string(),
+                server_addrs: gw.live.cluster.addrs(),
             })),
         },
     )
