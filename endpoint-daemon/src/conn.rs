@@ -456,38 +456,43 @@ async fn session(
 ) -> anyhow::Result<End> {
     let addr = crate::pair::resolve(server).await?;
     let cfg = crate::tls::machine_config(&ident.ca_pem, &ident.cert_pem, key)?;
-    // QUIC first; if UDP gets no answer, the same protocol tunnelled in TLS
-    // over TCP on the same port.
-    let (conn, _endpoint, transport) =
-        match connect_quic(addr, cfg.clone(), QUIC_FALLBACK_AFTER).await {
-            Ok((c, e)) => (c, e, Transport::Quic),
-            Err(QuicFail::Refused(e)) => {
-                if let Some(why) = closed_for_good(&e) {
+    // QUIC first; if UDP gets no answer, or something on the way refuses
+    // the handshake (a middlebox, a proxy that speaks no QUIC), the same
+    // protocol tunnelled in TLS over TCP on the same port. Only the
+    // server's own word that this machine is revoked is final.
+    let quic = connect_quic(addr, cfg.clone(), QUIC_FALLBACK_AFTER).await;
+    let why_tcp = match quic {
+        Ok((c, e)) => Ok((c, e, Transport::Quic)),
+        Err(QuicFail::Refused(e)) => {
+            if let Some(why) = closed_for_good(&e) {
+                return Ok(End::Revoked(why));
+            }
+            tracing::info!("QUIC handshake with {server} refused ({e}): trying TCP");
+            Err(format!("the QUIC handshake was refused ({e})"))
+        }
+        Err(QuicFail::Other(e)) => return Err(e),
+        Err(QuicFail::NoAnswer) => {
+            tracing::info!(
+                "no QUIC answer from {server} within {QUIC_FALLBACK_AFTER:?}: trying TCP"
+            );
+            Err("no answer over QUIC (UDP blocked?)".to_string())
+        }
+    };
+    let (conn, _endpoint, transport) = match why_tcp {
+        Ok(c) => c,
+        Err(why) => match connect_tcp(addr, &ident.ca_pem, cfg).await {
+            Ok((c, e)) => (c, e, Transport::Tcp),
+            Err(e) => {
+                if let Some(why) = e
+                    .downcast_ref::<quinn::ConnectionError>()
+                    .and_then(closed_for_good)
+                {
                     return Ok(End::Revoked(why));
                 }
-                return Err(e).context("handshake failed");
+                return Err(e.context(format!("{why}, and the TCP fallback failed")));
             }
-            Err(QuicFail::Other(e)) => return Err(e),
-            Err(QuicFail::NoAnswer) => {
-                tracing::info!(
-                    "no QUIC answer from {server} within {QUIC_FALLBACK_AFTER:?}: trying TCP"
-                );
-                match connect_tcp(addr, &ident.ca_pem, cfg).await {
-                    Ok((c, e)) => (c, e, Transport::Tcp),
-                    Err(e) => {
-                        if let Some(why) = e
-                            .downcast_ref::<quinn::ConnectionError>()
-                            .and_then(closed_for_good)
-                        {
-                            return Ok(End::Revoked(why));
-                        }
-                        return Err(e.context(
-                            "no answer over QUIC (UDP blocked?) and the TCP fallback failed",
-                        ));
-                    }
-                }
-            }
-        };
+        },
+    };
     if let Ok(mut l) = live.lock() {
         *l = Some((conn.clone(), _endpoint.clone()));
     }

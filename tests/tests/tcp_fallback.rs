@@ -102,3 +102,50 @@ fn doctor_checks_everything_and_says_what_to_do() {
         "{text}"
     );
 }
+
+/// A QUIC endpoint that refuses every handshake, as a middlebox or a
+/// proxy that does not speak byom's QUIC would.
+fn refuser(rt: &tokio::runtime::Runtime) -> quinn::Endpoint {
+    let cert = rcgen::generate_simple_self_signed(vec!["refuser.test".into()]).unwrap();
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der());
+    let cfg =
+        quinn::ServerConfig::with_single_cert(vec![cert.cert.der().clone()], key.into()).unwrap();
+    let _guard = rt.enter();
+    let ep = quinn::Endpoint::server(cfg, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let e2 = ep.clone();
+    rt.spawn(async move {
+        while let Some(incoming) = e2.accept().await {
+            incoming.refuse();
+        }
+    });
+    ep
+}
+
+/// Something on the UDP port refuses the QUIC handshake: the daemon takes
+/// the TCP fallback on the same port instead of failing over and over.
+#[test]
+fn a_refused_quic_handshake_falls_back_to_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The refuser's UDP port, and the same number over TCP forwarded to
+    // the server's fallback (ephemeral TCP ports may be taken: try others).
+    let (ep, _tcp) = (0..64)
+        .find_map(|_| {
+            let ep = refuser(&rt);
+            let addr = ep.local_addr().unwrap();
+            TcpForward::try_start(addr, server.tcp_addr)
+                .ok()
+                .map(|t| (ep, t))
+        })
+        .expect("a port free for both UDP and TCP");
+    let mut d = Daemon::new(dir.path(), "daemon");
+    d.pair(&server.token(&[]), "lap");
+    d.server_override = Some(ep.local_addr().unwrap().to_string());
+    d.start();
+    server.wait_online("lap", true, T);
+    assert_eq!(server.machine("lap")["transport"], "tcp");
+    let out = server.byom(&["exec", "lap", "--", "echo", "around the refusal"]);
+    assert_eq!(stdout(&out), "around the refusal\n");
+    assert!(d.log().contains("refused"), "{}", d.log());
+}
