@@ -25,4 +25,6 @@ pub mod proto {
 
 pub use client::{connect, default_data_dir, load_creds, Client, ClientError, Creds};
 pub use retry::{new_key, until_answered};
-pub use watch::{exec, run_command, watch_to_end, Run, Seen, WatchError, WatchOptions};
+pub use watch::{
+    exec, exec_stream, run_command, watch_to_end, Run, Seen, WatchError, WatchOptions,
+};

@@ -132,14 +132,25 @@ pub async fn exec(
     stdin: tokio::sync::mpsc::Receiver<Vec<u8>>,
 ) -> Result<Run, tonic::Status> {
     use tokio_stream::StreamExt;
+    let rest = tokio_stream::wrappers::ReceiverStream::new(stdin).map(|b| pb::ExecInput {
+        stdin: b,
+        ..Default::default()
+    });
+    exec_stream(client, req, rest).await
+}
+
+/// [`exec`] with what follows the creation as `ExecInput`s: stdin, and a
+/// terminal's resizes (with `req.tty`).
+pub async fn exec_stream(
+    client: &Client,
+    req: pb::CreateCommandRequest,
+    rest: impl tokio_stream::Stream<Item = pb::ExecInput> + Send + 'static,
+) -> Result<Run, tonic::Status> {
+    use tokio_stream::StreamExt;
     let first = pb::ExecInput {
         create: Some(req),
-        stdin: Vec::new(),
+        ..Default::default()
     };
-    let rest = tokio_stream::wrappers::ReceiverStream::new(stdin).map(|b| pb::ExecInput {
-        create: None,
-        stdin: b,
-    });
     let mut c = client.clone();
     let mut stream = c
         .exec(tokio_stream::once(first).chain(rest))

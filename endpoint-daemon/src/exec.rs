@@ -36,6 +36,9 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 /// background children) before the group is killed.
 const PIPE_DRAIN: Duration = Duration::from_secs(2);
 
+/// Where a streamed stdin goes: the process's pipe or its terminal.
+pub type StdinWriter = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
 /// One output stream: the bytes the server has not acknowledged yet.
 #[derive(Default)]
 struct Pipe {
@@ -95,9 +98,12 @@ pub struct Entry {
     /// Bumped when the server acknowledges output: a full window may
     /// have room again.
     acked: watch::Sender<u64>,
-    /// The process's stdin, when it comes on a stream of its own: taken
-    /// by that stream (see `conn::commands`).
-    stdin: Mutex<Option<tokio::process::ChildStdin>>,
+    /// The process's stdin (a pipe, or its terminal), when it comes on a
+    /// stream of its own: taken by that stream (see `conn::commands`).
+    stdin: Mutex<Option<StdinWriter>>,
+    /// Its terminal's master side, for resizes (`byom exec -t`).
+    #[cfg(unix)]
+    pty: Mutex<Option<std::os::fd::OwnedFd>>,
     /// Its stdin stream ended before its end.
     stdin_cut: std::sync::atomic::AtomicBool,
     /// Reads of the output pumps, and pumps waiting on a full window: a
@@ -142,8 +148,19 @@ impl Entry {
     pub fn wants_stdin(&self) -> bool {
         self.stdin.lock().map(|s| s.is_some()).unwrap_or(false)
     }
+    /// Resizes its terminal (the kernel tells its foreground job).
+    pub fn resize(&self, rows: u32, cols: u32) {
+        #[cfg(unix)]
+        if let Ok(p) = self.pty.lock() {
+            if let Some(fd) = p.as_ref() {
+                process::set_size(fd, rows, cols);
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (rows, cols);
+    }
     /// Takes the process's stdin for its stream (once).
-    pub fn take_stdin(&self) -> Option<tokio::process::ChildStdin> {
+    pub fn take_stdin(&self) -> Option<StdinWriter> {
         self.stdin.lock().ok().and_then(|mut s| s.take())
     }
     /// Its stdin stream was cut before its end (or never came): the
@@ -470,6 +487,8 @@ impl Runner {
             cancel: watch::channel(None).0,
             acked: watch::channel(0).0,
             stdin: Mutex::new(None),
+            #[cfg(unix)]
+            pty: Mutex::new(None),
             stdin_cut: std::sync::atomic::AtomicBool::new(false),
             progress: std::sync::atomic::AtomicU64::new(0),
             blocked: std::sync::atomic::AtomicU32::new(0),
@@ -477,7 +496,14 @@ impl Runner {
         t.entries.insert(req.command_id.clone(), entry.clone());
         drop(t);
         let t_plan = Instant::now();
-        let plan = self.plan(&req);
+        let mut req = req;
+        let login = req.tty && req.argv.is_empty() && req.shell.is_empty();
+        if login {
+            // A terminal with no command: the login shell here, named,
+            // so the policy judges the program that will run.
+            req.argv = vec![login_shell(), "-l".into()];
+        }
+        let plan = self.plan(&req, login);
         tracing::debug!(
             cmd = %req.command_id,
             plan_us = t_plan.elapsed().as_micros() as u64,
@@ -569,6 +595,27 @@ impl Runner {
             t.entries.remove(&old);
         }
     }
+}
+
+/// This user's login shell (its passwd entry's), else `/bin/sh`.
+fn login_shell() -> String {
+    #[cfg(unix)]
+    {
+        // SAFETY: getpwuid returns a pointer into static storage or null;
+        // its shell is copied out at once.
+        unsafe {
+            let pw = libc::getpwuid(libc::geteuid());
+            if !pw.is_null() && !(*pw).pw_shell.is_null() {
+                let sh = std::ffi::CStr::from_ptr((*pw).pw_shell)
+                    .to_string_lossy()
+                    .into_owned();
+                if sh.starts_with('/') && !sh.ends_with("/nologin") && !sh.ends_with("/false") {
+                    return sh;
+                }
+            }
+        }
+    }
+    "/bin/sh".into()
 }
 
 fn exit_record(

@@ -15,6 +15,7 @@ pub mod approvals;
 pub mod audit;
 pub mod conn;
 pub mod display;
+pub mod docs;
 pub mod exec;
 pub mod identity;
 pub mod pair;
@@ -24,6 +25,7 @@ pub mod secrets;
 pub mod service;
 pub mod shell;
 pub mod tls;
+pub mod unpair;
 pub mod upgrade;
 
 pub use byom_wire::{hostname, now_ms};

@@ -2,7 +2,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use byom_daemon::identity::{self, Identity, KeyStoreChoice};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -99,9 +99,10 @@ enum Cmd {
     Deny { id: String },
     /// Check the config, key, certificate, policy, clock and UDP/TCP reachability.
     Doctor,
-    /// Install byomd as a user service (systemd, launchd, Windows service).
+    /// Install byomd as a user service (systemd, launchd, Windows service),
+    /// or with --system as a system service that runs as you.
     #[command(subcommand)]
-    Service(ServiceCmd),
+    Service(byom_daemon::service::ServiceCmd),
     /// Kill switch: accept no new commands (queued ones wait on the server).
     Pause,
     /// Accept commands again after `byomd pause`.
@@ -109,49 +110,26 @@ enum Cmd {
     /// The OS sandbox every command runs in: what a command may touch.
     #[command(subcommand)]
     Sandbox(SandboxCmd),
-    /// Deregister from the server and wipe the local identity.
+    /// Deregister from the server and wipe the local identity (just the
+    /// wipe when the server already revoked or forgot this machine).
     Unpair {
         /// Wipe locally even if the server cannot be reached.
         #[arg(long)]
         force: bool,
     },
-}
-
-#[derive(clap::Args, Debug)]
-struct ServiceOpts {
-    /// Print exactly what would be written and run, change nothing.
-    #[arg(long)]
-    dry_run: bool,
-    /// Render for another platform (with --dry-run).
-    #[arg(long, value_enum)]
-    platform: Option<byom_daemon::service::Platform>,
-}
-
-#[derive(Subcommand, Debug)]
-enum ServiceCmd {
-    /// Write the service definition and enable it (and start it unless --no-start).
-    Install {
-        #[command(flatten)]
-        opts: ServiceOpts,
-        #[arg(long)]
-        no_start: bool,
+    /// Print the shell completion script for bash, zsh, fish, powershell
+    /// or elvish (`byomd completions bash > ~/.local/share/bash-completion/completions/byomd`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
-    /// Stop and remove the service.
-    Uninstall {
-        #[command(flatten)]
-        opts: ServiceOpts,
-    },
-    Start {
-        #[command(flatten)]
-        opts: ServiceOpts,
-    },
-    Stop {
-        #[command(flatten)]
-        opts: ServiceOpts,
-    },
-    Status {
-        #[command(flatten)]
-        opts: ServiceOpts,
+    /// Print byomd's man page, or write every page into a directory
+    /// (`byomd man --dir DIR`: byomd.1, byomd-service-install.1, …).
+    Man {
+        /// Where to write the pages (made if missing); without it, byomd.1
+        /// goes to stdout.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -430,7 +408,15 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             println!("denied {}: {}", e(&r.id), e(&r.command));
             Ok(0)
         }
-        Cmd::Service(c) => service(&dir, c),
+        Cmd::Service(c) => {
+            let explicit = (dir != identity::default_config_dir()).then_some(dir.as_path());
+            byom_daemon::service::run(explicit, c)
+        }
+        Cmd::Completions { shell } => {
+            byom_daemon::docs::completions(Cli::command(), "byomd", shell);
+            Ok(0)
+        }
+        Cmd::Man { dir } => byom_daemon::docs::man(Cli::command(), dir.as_deref()),
         Cmd::Doctor => {
             let checks = rt.block_on(byom_daemon::conn::doctor(&dir));
             let mut bad = 0;
@@ -468,23 +454,28 @@ fn real_main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Unpair { force } => {
+            use byom_daemon::unpair::Unpaired;
             let id = Identity::load(&dir)?;
-            let r = rt.block_on(byom_daemon::conn::unpair(&dir, &id));
-            match r {
-                Ok(()) => {}
-                Err(e) if force => eprintln!(
-                    "byomd: could not deregister from the server ({e:#}); wiping locally anyway"
-                ),
+            let done = match rt.block_on(byom_daemon::unpair::deregister(&dir, &id)) {
+                Ok(Unpaired::Deregistered) => "deregistered from the server".to_string(),
+                // Nothing left to undo there: the wipe is all unpairing is.
+                Ok(Unpaired::AlreadyGone(why)) => {
+                    format!("{why}, so there was nothing to deregister")
+                }
+                Err(e) if force => {
+                    eprintln!("byomd: could not deregister from the server ({e:#}); wiping locally anyway");
+                    "not deregistered (--force)".to_string()
+                }
                 Err(e) => {
                     return Err(e.context(
                         "could not deregister from the server; use --force to wipe locally anyway",
                     ))
                 }
-            }
+            };
             id.wipe(&dir)?;
             let _ = std::fs::remove_file(byom_daemon::conn::RunStatus::path(&dir));
             println!(
-                "unpaired {} ({}); local identity wiped",
+                "unpaired {} ({}): {done}; the local identity is wiped (pair again with `byomd pair TOKEN`)",
                 id.name, id.machine_id
             );
             Ok(0)
@@ -854,39 +845,4 @@ fn secret(dir: &std::path::Path, cmd: SecretCmd) -> anyhow::Result<i32> {
             }
         }
     }
-}
-
-fn service(dir: &std::path::Path, cmd: ServiceCmd) -> anyhow::Result<i32> {
-    use byom_daemon::service::{self as svc, Platform};
-    let (opts, action) = match &cmd {
-        ServiceCmd::Install { opts, .. } => (opts, "install"),
-        ServiceCmd::Uninstall { opts } => (opts, "uninstall"),
-        ServiceCmd::Start { opts } => (opts, "start"),
-        ServiceCmd::Stop { opts } => (opts, "stop"),
-        ServiceCmd::Status { opts } => (opts, "status"),
-    };
-    let platform = opts.platform.unwrap_or_else(Platform::current);
-    if !opts.dry_run && platform != Platform::current() {
-        anyhow::bail!("--platform other than this machine's only works with --dry-run");
-    }
-    let config_dir = (dir != identity::default_config_dir()).then_some(dir);
-    let plan = match cmd {
-        ServiceCmd::Install { no_start, .. } => {
-            let exe = std::env::current_exe()?;
-            svc::install_plan(platform, &exe, config_dir, !no_start)?
-        }
-        _ => svc::Plan {
-            files: Vec::new(),
-            commands: svc::control_commands(platform, action)?,
-            notes: Vec::new(),
-        },
-    };
-    svc::execute(&plan, opts.dry_run)?;
-    if action == "uninstall" && !opts.dry_run {
-        if let Some(f) = svc::service_file(platform)? {
-            let _ = std::fs::remove_file(&f);
-            println!("removed {}", f.display());
-        }
-    }
-    Ok(0)
 }

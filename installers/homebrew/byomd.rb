@@ -15,6 +15,10 @@ class Byomd < Formula
 
   def install
     system "cargo", "install", *std_cargo_args(path: "endpoint-daemon")
+    # Made by byomd from its own command-line definitions.
+    generate_completions_from_executable(bin/"byomd", "completions")
+    system bin/"byomd", "man", "--dir", buildpath/"man"
+    man1.install Dir[buildpath/"man/*.1"]
   end
 
   service do

@@ -141,7 +141,7 @@ async fn handle(
         byom_wire::now_ms() / 1000,
     ) {
         Ok(signed) => signed,
-        Err(e) => return reply(401, json!({"error": e})),
+        Err(e) => return reply(401, e.to_json()),
     };
     // A source is where replies go: one named like a connector would have
     // the bot answer on GitHub or Slack for whoever holds the webhook key.
@@ -190,32 +190,86 @@ async fn handle(
     }
 }
 
+/// Why a generic webhook's request is refused (401). Each says which
+/// header and what it must hold; none says anything about the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StampError {
+    #[error("missing X-Byom-Timestamp: {HOW}")]
+    MissingTimestamp,
+    #[error("bad X-Byom-Timestamp {0:?}: it must be the Unix time in seconds; {HOW}")]
+    BadTimestamp(String),
+    #[error("X-Byom-Timestamp is more than {max} s from the server's clock ({now}): a replay, or a clock to fix", max = MAX_REQUEST_AGE.as_secs())]
+    Stale { now: u64 },
+    #[error("missing X-Byom-Signature: {HOW}")]
+    MissingSignature,
+    #[error("malformed X-Byom-Signature: it must be `sha256=` and 64 hex digits; {HOW}")]
+    MalformedSignature,
+    #[error("bad signature: X-Byom-Signature does not match this request. It must be sha256= and the hex HMAC-SHA256, keyed with the contents of <data-dir>/webhook.key (its trailing newline left out, as \"$(cat webhook.key)\" leaves it out), of the X-Byom-Timestamp value, a dot and the body's {body_bytes} bytes exactly as they arrived (curl -d @FILE drops newlines: use --data-binary @FILE). `byom webhook sign FILE` prints both headers")]
+    Mismatch { body_bytes: usize },
+}
+
+const HOW: &str = "sign with X-Byom-Timestamp: UNIX_SECONDS and X-Byom-Signature: sha256=HMAC-SHA256(key, TIMESTAMP.BODY) (`byom webhook sign FILE` prints both)";
+
+impl StampError {
+    /// The 401's body: the reason, and the parts of the scheme it is
+    /// about, for programs.
+    pub fn to_json(&self) -> Value {
+        let header = match self {
+            StampError::MissingTimestamp
+            | StampError::BadTimestamp(_)
+            | StampError::Stale { .. } => byom_wire::webhook::TIMESTAMP_HEADER,
+            _ => byom_wire::webhook::SIGNATURE_HEADER,
+        };
+        let mut v = json!({
+            "error": self.to_string(),
+            "header": header,
+            "algorithm": "HMAC-SHA256",
+            "signed": "TIMESTAMP.BODY",
+        });
+        if let StampError::Mismatch { body_bytes } = self {
+            v["body_bytes"] = (*body_bytes).into();
+        }
+        v
+    }
+}
+
 /// Checks a generic webhook's signature over `TIMESTAMP.BODY` and the
-/// timestamp's age; the signed bytes when both hold.
+/// timestamp's age; the signed bytes when both hold. `key` is the key
+/// file's bytes: a signature under any key it stands for
+/// ([`byom_wire::webhook::key_candidates`]) is good.
 pub fn verify_stamped(
     key: &[u8],
     timestamp: Option<&str>,
     body: &[u8],
     signature: Option<&str>,
     now_s: u64,
-) -> Result<Vec<u8>, String> {
-    let how = "sign with X-Byom-Timestamp: UNIX_SECONDS and X-Byom-Signature: sha256=HMAC-SHA256(key, TIMESTAMP.BODY)";
+) -> Result<Vec<u8>, StampError> {
     let ts = timestamp
         .map(str::trim)
-        .ok_or_else(|| format!("missing X-Byom-Timestamp: {how}"))?;
+        .ok_or(StampError::MissingTimestamp)?;
     let t: u64 = ts
         .parse()
-        .map_err(|_| format!("bad X-Byom-Timestamp {ts:?}: {how}"))?;
+        .map_err(|_| StampError::BadTimestamp(ts.chars().take(32).collect()))?;
     if now_s.abs_diff(t) > MAX_REQUEST_AGE.as_secs() {
-        return Err(format!(
-            "X-Byom-Timestamp is more than {} s from the server's clock ({now_s}): a replay, or a clock to fix",
-            MAX_REQUEST_AGE.as_secs()
-        ));
+        return Err(StampError::Stale { now: now_s });
     }
-    let mut signed = format!("{t}.").into_bytes();
-    signed.extend_from_slice(body);
-    if !verify(key, &signed, signature) {
-        return Err(format!("bad or missing X-Byom-Signature: {how}"));
+    let sig = signature.ok_or(StampError::MissingSignature)?;
+    if sig
+        .trim()
+        .strip_prefix("sha256=")
+        .and_then(crate::http_in::unhex)
+        .is_none()
+    {
+        return Err(StampError::MalformedSignature);
+    }
+    let signed = byom_wire::webhook::signed_bytes(t, body);
+    let good = byom_wire::webhook::key_candidates(key)
+        .into_iter()
+        .any(|k| verify(k, &signed, Some(sig)));
+    if !good {
+        return Err(StampError::Mismatch {
+            body_bytes: body.len(),
+        });
     }
     Ok(signed)
 }
@@ -356,7 +410,7 @@ mod tests {
         for off in [now - 600, now + 600] {
             let ts = off.to_string();
             let e = verify_stamped(&key, Some(&ts), body, Some(&sig(off, body)), now).unwrap_err();
-            assert!(e.contains("Timestamp"), "{e}");
+            assert_eq!(e, StampError::Stale { now }, "{e}");
         }
         // The timestamp is signed: moving it breaks the signature.
         let moved = (now - 1).to_string();
@@ -365,6 +419,39 @@ mod tests {
         assert!(verify_stamped(&key, Some(&ts), body, Some(&sign(&key, body)), now).is_err());
         assert!(verify_stamped(&key, None, body, Some(&sig(now, body)), now).is_err());
         assert!(verify_stamped(&key, Some("soon"), body, Some(&sig(now, body)), now).is_err());
+    }
+
+    #[test]
+    fn a_key_file_signs_as_its_users_read_it() {
+        let body = br#"{"thread":"t","user":"u","text":"x"}"#;
+        let now = 1_700_000_000;
+        let ts = now.to_string();
+        let signed = byom_wire::webhook::signed_bytes(now, body);
+        // A key file someone wrote with a newline (`openssl rand -base64
+        // 32 > webhook.key`): "$(cat webhook.key)" drops it, a program
+        // reading the file keeps it; both sign for the same secret.
+        let file = b"c2VjcmV0IGtleSBvZiB0aGlydHktdHdvIGJ5dGVzIQ==\n";
+        for key in [&file[..file.len() - 1], &file[..]] {
+            let good = sign(key, &signed);
+            assert!(verify_stamped(file, Some(&ts), body, Some(&good), now).is_ok());
+        }
+        assert_eq!(
+            verify_stamped(file, Some(&ts), body, Some(&sign(b"other", &signed)), now),
+            Err(StampError::Mismatch {
+                body_bytes: body.len()
+            })
+        );
+        assert_eq!(
+            verify_stamped(file, Some(&ts), body, Some("sha1=00"), now),
+            Err(StampError::MalformedSignature)
+        );
+        assert_eq!(
+            verify_stamped(file, Some(&ts), body, None, now),
+            Err(StampError::MissingSignature)
+        );
+        let why = StampError::Mismatch { body_bytes: 3 }.to_json();
+        assert_eq!(why["header"], "X-Byom-Signature");
+        assert_eq!(why["algorithm"], "HMAC-SHA256");
     }
 
     #[test]

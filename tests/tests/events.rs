@@ -355,3 +355,103 @@ fn the_webhook_port_speaks_tls() {
     // The server's own CA no longer vouches for the port.
     assert!(https_post(server.webhook_addr, "localhost", &ca, "/hooks/ci", "", "{}").is_err());
 }
+
+/// The generic webhook signed the way people sign it: `openssl dgst
+/// -hmac "$(cat webhook.key)"` (the shell drops the key file's newline),
+/// or `byom webhook sign`; and a refusal that says what was wrong.
+#[test]
+fn webhooks_signed_with_openssl_and_byom_webhook_sign_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    // A key its owner wrote, as `openssl rand -base64 32 > webhook.key`
+    // does: not hex, ending in a newline. (A shared store keeps its own
+    // key and writes it here: the rest holds for that one too.)
+    let key_file = dir.path().join("server/webhook.key");
+    if !byom_tests::test_store_is_postgres() {
+        std::fs::create_dir_all(key_file.parent().unwrap()).unwrap();
+        std::fs::write(&key_file, "q9Lw0VbYp1m3ZC2R/7xJd+ElGf8kTnHuXs4aOPiW6cY=\n").unwrap();
+    }
+    let server = Server::start(dir.path());
+    let key = std::fs::read_to_string(&key_file).unwrap();
+    let body = r#"{"thread":"ci","user":"ci-bot","text":"build 41 failed","mention":true}"#;
+    let body_file = dir.path().join("body.json");
+    std::fs::write(&body_file, body).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+
+    // README's line, with the real openssl.
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"printf '%s.%s' "$TS" "$(cat "$BODY")" | openssl dgst -sha256 -hmac "$(cat "$KEY")" | cut -d' ' -f2"#)
+        .env("TS", now.to_string())
+        .env("BODY", &body_file)
+        .env("KEY", &key_file)
+        .output()
+        .expect("openssl (Debian package openssl; .ci/run installs it)");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hex = stdout(&o).trim().to_string();
+    assert_eq!(hex.len(), 64, "{hex}");
+    let headers = format!("X-Byom-Timestamp: {now}\r\nX-Byom-Signature: sha256={hex}\r\n");
+    let (st, reply) = webhook_post(server.webhook_addr, "/hooks/ci", Some(&headers), body);
+    assert_eq!(st, 202, "{reply}");
+
+    // byom webhook sign: the same value for the same time, and headers
+    // that are accepted as they are.
+    let sign = |args: &[&str]| {
+        let o = std::process::Command::new(byom_tests::bin("byom"))
+            .args(["webhook", "sign"])
+            .args(args)
+            .env("BYOM_DATA_DIR", &server.data_dir)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let value = sign(&[
+        "--timestamp",
+        &now.to_string(),
+        "--value",
+        body_file.to_str().unwrap(),
+    ]);
+    assert_eq!(value.trim(), format!("sha256={hex}"));
+    let second = body.replace("41", "42");
+    std::fs::write(&body_file, &second).unwrap();
+    let headers = sign(&[
+        "--key",
+        key_file.to_str().unwrap(),
+        body_file.to_str().unwrap(),
+    ]);
+    assert!(headers.starts_with("X-Byom-Timestamp: "), "{headers}");
+    let headers = headers.replace('\n', "\r\n");
+    let (st, reply) = webhook_post(server.webhook_addr, "/hooks/ci", Some(&headers), &second);
+    assert_eq!(st, 202, "{reply}");
+
+    // A body changed on the way (curl -d @FILE drops newlines): 401 that
+    // says which header, which algorithm and over what, and nothing of
+    // the key.
+    let (st, reply) = webhook_post(
+        server.webhook_addr,
+        "/hooks/ci",
+        Some(&headers),
+        &format!("{second}\n"),
+    );
+    assert_eq!(st, 401, "{reply}");
+    let why: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    let text = why["error"].as_str().unwrap();
+    for want in [
+        "bad signature",
+        "X-Byom-Signature",
+        "HMAC-SHA256",
+        "--data-binary",
+    ] {
+        assert!(text.contains(want), "{want:?} missing: {text}");
+    }
+    assert_eq!(why["header"], "X-Byom-Signature");
+    assert_eq!(why["algorithm"], "HMAC-SHA256");
+    assert_eq!(why["body_bytes"], second.len() + 1);
+    assert!(!reply.contains(key.trim()), "{reply}");
+    let (st, reply) = webhook_post(server.webhook_addr, "/hooks/ci", None, body);
+    assert_eq!(st, 401);
+    assert!(reply.contains("missing X-Byom-Timestamp"), "{reply}");
+}

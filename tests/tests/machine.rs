@@ -828,3 +828,80 @@ fn concurrent_commands_go_straight_to_a_connected_daemon() {
         .count();
     assert_eq!(queued, 0, "{queued} of {N} commands went through the queue");
 }
+
+/// `byomd status` tells the owner of a revoked machine to run `byomd
+/// unpair`: that works as said, without --force, whether the daemon heard
+/// of the revocation while it ran or learns it from the server's refusal,
+/// and for a machine the server forgot. A machine the server still holds
+/// is deregistered there; one whose server does not answer is not wiped
+/// without --force.
+#[test]
+fn unpair_after_the_server_let_the_machine_go_just_wipes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path());
+    let wiped = |d: &Daemon| !d.config_dir.join("identity.json").exists();
+
+    // Revoked while its daemon ran: the daemon wrote it down.
+    let mut lap = Daemon::new(dir.path(), "lap");
+    lap.pair(&server.token(&[]), "lap");
+    lap.start();
+    server.wait_online("lap", true, T);
+    assert!(server.byom(&["machines", "revoke", "lap"]).status.success());
+    wait_for("daemon exit after revoke", T, || lap.exited());
+    let status = stdout(&lap.byomd(&["status"]));
+    assert!(status.contains("run `byomd unpair`"), "{status}");
+    let o = lap.byomd(&["unpair"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("already revoked"), "{}", stdout(&o));
+    assert!(wiped(&lap));
+
+    // Revoked while nothing ran: the server's refusal says so.
+    let desk = Daemon::new(dir.path(), "desk");
+    desk.pair(&server.token(&[]), "desk");
+    assert!(server
+        .byom(&["machines", "revoke", "desk"])
+        .status
+        .success());
+    let o = desk.byomd(&["unpair"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("revoked"), "{}", stdout(&o));
+    assert!(wiped(&desk));
+
+    // Revoked and then forgotten by the server.
+    let old = Daemon::new(dir.path(), "old");
+    old.pair(&server.token(&[]), "old");
+    assert!(server.byom(&["machines", "revoke", "old"]).status.success());
+    let id = old.identity()["machine_id"].as_str().unwrap().to_string();
+    let o = server.byom(&["machines", "rm", &id]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = old.byomd(&["unpair"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("nothing to deregister"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(wiped(&old));
+
+    // A machine the server holds: deregistered there, as before.
+    let ok = Daemon::new(dir.path(), "ok");
+    ok.pair(&server.token(&[]), "ok");
+    let id = ok.identity()["machine_id"].as_str().unwrap().to_string();
+    let o = ok.byomd(&["unpair"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("deregistered"), "{}", stdout(&o));
+    assert!(wiped(&ok));
+    assert_eq!(server.machine(&id)["revoked"], true);
+
+    // No server: a valid machine is kept, and --force is named.
+    let far = Daemon::new(dir.path(), "far");
+    far.pair(&server.token(&[]), "far");
+    server.kill9();
+    let o = far.byomd(&["unpair"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert!(!wiped(&far));
+    let o = far.byomd(&["unpair", "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(wiped(&far));
+}

@@ -120,3 +120,154 @@ fn windows_script_and_controls() {
         "rendering for another platform needs --dry-run"
     );
 }
+
+/// `byomd service …` as on a machine reached by `su`, `sudo`, cron or
+/// in a container: no user session, so no user manager to talk to.
+fn without_user_session(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(bin("byomd"))
+        .arg("--config-dir")
+        .arg(dir.join("daemon"))
+        .args(args)
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .env("HOME", dir)
+        .env("USER", "ada")
+        .env("BYOMD_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn without_a_user_session_the_unit_is_written_and_the_way_on_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let unit = dir.path().join(".config/systemd/user/byomd.service");
+    let advice = |o: &std::process::Output| {
+        let all = format!("{}{}", stdout(o), stderr(o));
+        for want in [
+            "no systemd user manager",
+            "XDG_RUNTIME_DIR",
+            "loginctl enable-linger ada",
+            "systemctl --user daemon-reload",
+            "service install --system",
+        ] {
+            assert!(all.contains(want), "{want:?} missing from: {all}");
+        }
+        assert!(!all.contains("Failed to connect to bus"), "{all}");
+    };
+
+    // Asked to start it: the unit is there, and the exit says it did not start.
+    let o = without_user_session(dir.path(), &["service", "install"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    advice(&o);
+    assert!(stderr(&o).contains("not started"), "{}", stderr(&o));
+    assert!(unit.exists());
+    std::fs::remove_file(&unit).unwrap();
+
+    // Asked only to write it: done.
+    let o = without_user_session(dir.path(), &["service", "install", "--no-start"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    advice(&o);
+    let text = std::fs::read_to_string(&unit).unwrap();
+    assert!(text.contains("ExecStart="), "{text}");
+
+    // Start, stop and status cannot work, and say why.
+    for action in ["start", "stop", "status"] {
+        let o = without_user_session(dir.path(), &["service", action]);
+        assert_eq!(o.status.code(), Some(1), "{action}: {}", stderr(&o));
+        advice(&o);
+    }
+
+    // Uninstall removes the unit all the same, and says nothing was stopped.
+    let o = without_user_session(dir.path(), &["service", "uninstall"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!unit.exists());
+    assert!(stdout(&o).contains("nothing was stopped"), "{}", stdout(&o));
+    let o = without_user_session(dir.path(), &["service", "uninstall"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("nothing to remove"), "{}", stdout(&o));
+}
+
+#[test]
+fn a_system_unit_runs_byomd_as_the_owner_and_needs_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let units = dir.path().join("units");
+    // As root under sudo (the tests run as root): the owner is SUDO_USER,
+    // with the config dir of that user's home unless one is given.
+    let mut c = Command::new(bin("byomd"));
+    let o = c
+        .args(["service", "install", "--system", "--unit-dir"])
+        .arg(&units)
+        .env("SUDO_USER", "nobody")
+        .env_remove("BYOMD_CONFIG_DIR")
+        .env("BYOMD_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(units.join("byomd.service")).unwrap();
+    let nobody_home = std::fs::read_to_string("/etc/passwd")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("nobody:"))
+        .and_then(|l| l.split(':').nth(4))
+        .map(str::to_string)
+        .expect("nobody in /etc/passwd");
+    assert!(text.contains("User=nobody\n"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "ExecStart={} --config-dir {nobody_home}/.config/byomd run",
+            bin("byomd").display()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("WantedBy=multi-user.target"), "{text}");
+    assert!(stdout(&o).contains("runs as nobody"), "{}", stdout(&o));
+
+    // A config dir given is the one the service uses; systemd accepts it.
+    let cfg = dir.path().join("cfg");
+    let o = Command::new(bin("byomd"))
+        .arg("--config-dir")
+        .arg(&cfg)
+        .args(["service", "install", "--system", "--no-start", "--unit-dir"])
+        .arg(&units)
+        .env("SUDO_USER", "nobody")
+        .env("BYOMD_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(units.join("byomd.service")).unwrap();
+    assert!(
+        text.contains(&format!("--config-dir {} run", cfg.display())),
+        "{text}"
+    );
+    let o = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(units.join("byomd.service"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "systemd-analyze verify: {}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    let o = Command::new(bin("byomd"))
+        .args(["service", "uninstall", "--system", "--unit-dir"])
+        .arg(&units)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!units.join("byomd.service").exists());
+
+    // Not root: refused before anything is written, with the sudo line.
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let d = Daemon::unprivileged(dir.path(), "owner", &home);
+    let o = d.byomd(&["service", "install", "--system"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("sudo byomd --config-dir")
+            && stderr(&o).contains("service install --system"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -8,10 +8,11 @@
 //!
 //! Key items: [`read_frame`], [`write_frame`], [`write_atomic`],
 //! [`load_or_create_key`], [`shutdown_signal`], [`sha256`], [`hostname`],
-//! [`now_ms`].
+//! [`now_ms`], and the generic webhook's signature ([`webhook`]).
 
 mod frames;
 pub mod tunnel;
+pub mod webhook;
 
 pub use frames::{read_frame, write_frame, WireError};
 

@@ -47,6 +47,12 @@ pub struct ExecArgs {
     /// Do not send stdin (as ssh -n): for loops that read their own stdin.
     #[arg(short = 'n', long = "no-stdin")]
     pub no_stdin: bool,
+    /// Run it on a terminal on the machine (as ssh -t): every key,
+    /// Ctrl-C and Ctrl-Z go to it, and it follows this window's size.
+    /// Without a command, a login shell. The machine's owner decides who
+    /// may (`[terminal]` in its policy: admins by default).
+    #[arg(short = 't', long, conflicts_with_all = ["no_stdin", "all", "detach", "json"])]
+    pub tty: bool,
     /// Run a shell command line via `sh -c` instead of argv.
     #[arg(long = "sh", value_name = "COMMAND_LINE")]
     pub shell: Option<String>,
@@ -93,6 +99,30 @@ enum Input {
         Vec<u8>,
         tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
     ),
+}
+
+impl ExecArgs {
+    /// `byom shell MACHINE`: a login shell on a terminal there.
+    pub fn shell(machine: String) -> ExecArgs {
+        ExecArgs {
+            machine: Some(machine),
+            labels: Vec::new(),
+            all: false,
+            timeout: None,
+            cwd: None,
+            env: Vec::new(),
+            stdin: false,
+            no_stdin: false,
+            tty: true,
+            shell: None,
+            detach: false,
+            queue_ttl: None,
+            json: false,
+            follow: false,
+            idempotency_key: None,
+            argv: Vec::new(),
+        }
+    }
 }
 
 /// Reads this process's stdin on a thread of its own, in chunks, as the
@@ -187,7 +217,9 @@ fn request(a: &mut ExecArgs) -> anyhow::Result<pb::CreateCommandRequest> {
     } else if a.machine.is_none() {
         bail!("say where: byom exec MACHINE COMMAND [ARGS…], or --label k=v to pick by label");
     }
-    if a.shell.is_none() && a.argv.is_empty() {
+    // With a terminal and no command: the login shell there (the machine
+    // names it, as ssh gives).
+    if a.shell.is_none() && a.argv.is_empty() && !a.tty {
         bail!("nothing to run: give the command after the machine (byom exec lap uname -a) or --sh 'COMMAND LINE'");
     }
     if a.shell.is_some() && !a.argv.is_empty() {
@@ -204,12 +236,15 @@ fn request(a: &mut ExecArgs) -> anyhow::Result<pb::CreateCommandRequest> {
         timeout_ms: a.timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
         queue_ttl_ms: a.queue_ttl.map(|d| d.as_millis() as u64).unwrap_or(0),
         idempotency_key: a.idempotency_key.clone().unwrap_or_else(byom_api::new_key),
-        stdin_stream: false,
+        ..Default::default()
     })
 }
 
 pub async fn run(c: &mut Client, mut a: ExecArgs) -> anyhow::Result<i32> {
     let mut req = request(&mut a)?;
+    if a.tty {
+        return terminal(c, req).await;
+    }
     // As ssh: a pipe or a file is the command's input; a terminal is not,
     // unless asked (-i); -n never.
     let send_stdin = !a.no_stdin && (a.stdin || !std::io::stdin().is_terminal());
@@ -428,4 +463,44 @@ fn event_line(v: &serde_json::Value) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{v}")?;
     out.flush()
+}
+
+/// `byom exec -t` and `byom shell`: the command on a terminal there, this
+/// one in raw mode until it ends; its status is the command's.
+async fn terminal(c: &mut Client, mut req: pb::CreateCommandRequest) -> anyhow::Result<i32> {
+    let (rows, cols) = super::terminal::size_or_default();
+    req.tty = true;
+    req.rows = rows;
+    req.cols = cols;
+    let input = tokio_stream::wrappers::ReceiverStream::new(super::terminal::input());
+    let run = byom_api::exec_stream(c, req, input).await?;
+    let id = run.command.id.clone();
+    let raw = super::terminal::Raw::enter();
+    let mut stdout = std::io::stdout();
+    let mut write_err = None;
+    let opts = WatchOptions {
+        idle: None,
+        reconnects: EXEC_RECONNECTS,
+    };
+    let end = run
+        .to_end(c, opts, |seen| {
+            if let Seen::Output(o) = seen {
+                if let Err(e) = stdout.write_all(&o.data).and_then(|_| stdout.flush()) {
+                    write_err.get_or_insert(e);
+                }
+            }
+        })
+        .await;
+    drop(raw);
+    if let Some(e) = write_err {
+        return Err(e.into());
+    }
+    let Some(s) = end.map_err(super::watch_err)? else {
+        bail!("lost the server while in {id}; see `byom commands show {id}`");
+    };
+    match s.state() {
+        CommandState::Exited => {}
+        other => eprintln!("byom: {} {}{}", s.id, other.name(), reason(&s)),
+    }
+    Ok(exit_status(&s))
 }

@@ -24,6 +24,7 @@ mod server;
 mod show;
 mod status;
 mod tasks;
+mod terminal;
 mod threads;
 mod token;
 mod trust;
@@ -83,6 +84,11 @@ pub enum Cmd {
     /// MACHINE:PATH): streamed, checksummed, written atomically, checked
     /// by the machine's policy and sandbox.
     Cp(cp::CpArgs),
+    /// A login shell on a machine (`byom exec -t MACHINE`).
+    Shell {
+        /// Machine ID or name.
+        machine: String,
+    },
     /// Commands run or queued on machines.
     #[command(subcommand, alias = "command")]
     Commands(commands::CommandsCmd),
@@ -312,6 +318,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Machines(m) => machines::run(&mut connect(g).await?, m).await,
         Cmd::Exec(e) => exec::run(&mut connect(g).await?, e).await,
         Cmd::Cp(a) => cp::run(&mut connect(g).await?, a).await,
+        Cmd::Shell { machine } => {
+            let a = exec::ExecArgs::shell(machine);
+            exec::run(&mut connect(g).await?, a).await
+        }
         Cmd::Commands(x) => commands::run(&mut connect(g).await?, x).await,
         Cmd::Audit(x) => audit::run(&mut connect(g).await?, x).await,
         Cmd::Trust(x) => trust::run(&mut connect(g).await?, x).await,

@@ -157,7 +157,7 @@ pub fn command_json(c: &pb::Command) -> Value {
         "finished_at": time(c.finished_at_ms), "exit_code": c.exit_code, "signal": c.signal,
         "reason": c.reason, "stdout_bytes": c.stdout_bytes, "stderr_bytes": c.stderr_bytes,
         "truncated": c.truncated, "stdout_elided": c.stdout_elided,
-        "stderr_elided": c.stderr_elided, "stdin_cut": c.stdin_cut, "duration_ms": c.duration_ms, "requested_by": c.requested_by,
+        "stderr_elided": c.stderr_elided, "stdin_cut": c.stdin_cut, "tty": c.tty, "duration_ms": c.duration_ms, "requested_by": c.requested_by,
         "cancel_requested": c.cancel_requested, "pid": c.pid,
         "tainted": c.tainted, "taint": c.taint, "approved_by": c.approved_by,
         "network": c.network, "sandbox": c.sandbox,

@@ -84,7 +84,13 @@ async fn feed_stdin(mut recv: quinn::RecvStream, runner: Arc<Runner>) -> anyhow:
     loop {
         match recv.read_chunk(limits::MAX_OUTPUT_CHUNK_BYTES, true).await {
             Ok(Some(c)) => {
-                if stdin.write_all(&c.bytes).await.is_err() {
+                // Flushed: a terminal's writer buffers, and a keystroke
+                // must not wait for the next.
+                let wrote = async {
+                    stdin.write_all(&c.bytes).await?;
+                    stdin.flush().await
+                };
+                if wrote.await.is_err() {
                     // The process closed its stdin (or ended): it wants
                     // no more, which is not a cut.
                     let _ = recv.stop(STDIN_REFUSED);
@@ -207,6 +213,7 @@ async fn serve_entry(
                 Some(to_daemon::Msg::OutputAck(a)) => {
                     reader_entry.ack([a.stdout_offset, a.stderr_offset]);
                 }
+                Some(to_daemon::Msg::Resize(r)) => reader_entry.resize(r.rows, r.cols),
                 _ => {}
             }
         }

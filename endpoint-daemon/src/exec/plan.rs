@@ -19,7 +19,12 @@ type SandboxSpec = ();
 impl Runner {
     /// Asks the policy (re-read if the file changed) about a command, then
     /// puts secret values in place of their handles.
-    pub(super) fn plan(&self, req: &pb::ExecRequest) -> Result<Plan, (CommandState, String)> {
+    /// `login_shell`: byomd named the program (a terminal's login shell).
+    pub(super) fn plan(
+        &self,
+        req: &pb::ExecRequest,
+        login_shell: bool,
+    ) -> Result<Plan, (CommandState, String)> {
         let timeout = (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms));
         let (cwd, timeout, scrub, confirm, run_as, sandbox_rules) = {
             let Ok(mut guard) = self.policy.lock() else {
@@ -40,6 +45,14 @@ impl Runner {
                             "policy change ignored, keeping the previous policy: {e:#}"
                         );
                     }
+                    if req.tty {
+                        policy.terminal(&req.requested_by).map_err(|why| {
+                            (
+                                CommandState::Denied,
+                                format!("denied by local policy: {why}"),
+                            )
+                        })?;
+                    }
                     let r = crate::policy::Request {
                         argv: &req.argv,
                         shell: &req.shell,
@@ -54,6 +67,7 @@ impl Runner {
                             (true, false) => &req.taint,
                         },
                         approved_by: &req.approved_by,
+                        login_shell: login_shell && req.tty,
                     };
                     match policy.check(&r) {
                         Ok(Decision::Allow {

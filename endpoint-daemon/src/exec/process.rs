@@ -203,7 +203,68 @@ struct Spawned {
     job: Option<crate::sandbox::windows::Job>,
 }
 
-fn stdio(cmd: &mut tokio::process::Command, req: &pb::ExecRequest) {
+/// A command's terminal (`tty`): byomd keeps the master side, the slave
+/// becomes the command's stdin, stdout and stderr.
+#[cfg(unix)]
+pub(super) struct Pty {
+    pub master: std::os::fd::OwnedFd,
+    pub slave: std::os::fd::OwnedFd,
+}
+
+#[cfg(unix)]
+fn open_pty(rows: u32, cols: u32) -> std::io::Result<Pty> {
+    use std::os::fd::FromRawFd;
+    let (mut m, mut s) = (-1, -1);
+    let ws = winsize(rows, cols);
+    // SAFETY: openpty writes two descriptors we then own.
+    let r = unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both are new and ours; neither may leak into other commands.
+    unsafe {
+        libc::fcntl(m, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(s, libc::F_SETFD, libc::FD_CLOEXEC);
+        Ok(Pty {
+            master: std::os::fd::OwnedFd::from_raw_fd(m),
+            slave: std::os::fd::OwnedFd::from_raw_fd(s),
+        })
+    }
+}
+
+#[cfg(unix)]
+fn winsize(rows: u32, cols: u32) -> libc::winsize {
+    libc::winsize {
+        ws_row: rows.min(u16::MAX as u32) as u16,
+        ws_col: cols.min(u16::MAX as u32) as u16,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// Sets a terminal's size through its master side.
+#[cfg(unix)]
+pub(super) fn set_size(master: &std::os::fd::OwnedFd, rows: u32, cols: u32) {
+    use std::os::fd::AsRawFd;
+    let ws = winsize(rows, cols);
+    // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
+    unsafe {
+        libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws);
+    }
+}
+
+fn stdio(cmd: &mut tokio::process::Command, req: &pb::ExecRequest, pty: Option<&Pty>) {
+    #[cfg(unix)]
+    if let Some(p) = pty {
+        let io = || {
+            p.slave
+                .try_clone()
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null())
+        };
+        cmd.stdin(io()).stdout(io()).stderr(io()).kill_on_drop(true);
+        return;
+    }
     cmd.stdin(if req.stdin.is_empty() && !req.stdin_stream {
         Stdio::null()
     } else {
@@ -222,11 +283,13 @@ async fn spawn(
     req: &pb::ExecRequest,
     plan: &Plan,
     argv: Vec<String>,
+    pty: Option<&Pty>,
 ) -> Result<Spawned, String> {
     #[cfg(target_os = "linux")]
     if let (Some(spec), Some(host)) = (&plan.sandbox, &runner.sandbox) {
         let t0 = Instant::now();
         let mut spec = spec.clone();
+        spec.tty = pty.is_some();
         let cwd = plan.cwd.clone().unwrap_or_else(|| "/".into());
         host.finish(
             &mut spec,
@@ -243,7 +306,7 @@ async fn spawn(
         let report = prepared.report;
         let alive = prepared.alive;
         let mut cmd = tokio::process::Command::from(prepared.cmd);
-        stdio(&mut cmd, req);
+        stdio(&mut cmd, req, pty);
         let child = cmd.spawn();
         // Our copies of the spec and the report's write end: the report
         // ends when the helper's last copy does.
@@ -313,9 +376,23 @@ async fn spawn(
     for k in &plan.scrub {
         cmd.env_remove(k);
     }
-    stdio(&mut cmd, req);
+    stdio(&mut cmd, req, pty);
     #[cfg(unix)]
-    cmd.process_group(0);
+    if pty.is_some() {
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                // A session of its own with the terminal as its
+                // controlling one (so also a process group to kill).
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    } else {
+        cmd.process_group(0);
+    }
     match cmd.spawn() {
         Ok(child) => {
             #[cfg(windows)]
@@ -390,12 +467,50 @@ pub(super) async fn run_process(
     if let Some(reason) = cancel.borrow_and_update().clone() {
         return exit_record(CommandState::Cancelled, reason, t0, 0);
     }
-    let spawned = match spawn(runner, &req, &plan, argv).await {
+    #[cfg(unix)]
+    let pty = match req.tty.then(|| open_pty(req.rows, req.cols)).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            return exit_record(
+                CommandState::Failed,
+                format!("cannot open a terminal for it: {e}"),
+                t0,
+                0,
+            )
+        }
+    };
+    #[cfg(not(unix))]
+    let pty: Option<Pty> = None;
+    let spawned = match spawn(runner, &req, &plan, argv, pty.as_ref()).await {
         Ok(s) => s,
         Err(reason) => {
             drop(plan);
             return exit_record(CommandState::Failed, reason, t0, 0);
         }
+    };
+    // The command holds the slave now; our end is the master: read as
+    // its output, written as its stdin, resized.
+    #[cfg(unix)]
+    let terminal = match pty {
+        Some(p) => {
+            drop(p.slave);
+            let (Ok(r), Ok(w)) = (p.master.try_clone(), p.master.try_clone()) else {
+                return exit_record(
+                    CommandState::Failed,
+                    "cannot use its terminal".into(),
+                    t0,
+                    0,
+                );
+            };
+            if let Ok(mut slot) = entry.pty.lock() {
+                *slot = Some(p.master);
+            }
+            Some((
+                tokio::fs::File::from_std(std::fs::File::from(r)),
+                tokio::fs::File::from_std(std::fs::File::from(w)),
+            ))
+        }
+        None => None,
     };
     let mut child = spawned.child;
     #[cfg(target_os = "linux")]
@@ -411,9 +526,23 @@ pub(super) async fn run_process(
     let started_at_ms = now_ms();
     // A streamed stdin is handed to its stream before the start is
     // known, so the stream finds it once the server hears of the start.
+    #[cfg(unix)]
+    let (term_out, term_in) = match terminal {
+        Some((r, w)) => (Some(r), Some(w)),
+        None => (None, None),
+    };
+    #[cfg(not(unix))]
+    let (term_out, term_in): (Option<tokio::fs::File>, Option<tokio::fs::File>) = (None, None);
     if req.stdin_stream {
-        if let (Some(stdin), Ok(mut slot)) = (child.stdin.take(), entry.stdin.lock()) {
-            *slot = Some(stdin);
+        let w: Option<super::StdinWriter> = match term_in {
+            Some(t) => Some(Box::new(t)),
+            None => child
+                .stdin
+                .take()
+                .map(|s| Box::new(s) as super::StdinWriter),
+        };
+        if let (Some(w), Ok(mut slot)) = (w, entry.stdin.lock()) {
+            *slot = Some(w);
         }
     }
     if let Ok(mut s) = entry.started.lock() {
@@ -429,10 +558,18 @@ pub(super) async fn run_process(
     }
     // One scrubber for both streams: a value split between them is caught.
     let scrub = Arc::new(std::sync::Mutex::new(Scrubber::new(&plan.secrets)));
-    let out = child
-        .stdout
-        .take()
-        .map(|o| tokio::spawn(pump(entry.clone(), o, Stream::Out, scrub.clone())));
+    let out = match term_out {
+        Some(t) => Some(tokio::spawn(pump(
+            entry.clone(),
+            t,
+            Stream::Out,
+            scrub.clone(),
+        ))),
+        None => child
+            .stdout
+            .take()
+            .map(|o| tokio::spawn(pump(entry.clone(), o, Stream::Out, scrub.clone()))),
+    };
     let err = child
         .stderr
         .take()
@@ -498,6 +635,10 @@ pub(super) async fn run_process(
     }
     // It ended without wanting (more of) its stdin: not a cut.
     drop(entry.take_stdin());
+    #[cfg(unix)]
+    if let Ok(mut p) = entry.pty.lock() {
+        p.take();
+    }
     if ended_by.is_some() {
         tree.kill(SIGKILL);
     }

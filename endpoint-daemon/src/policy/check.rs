@@ -27,6 +27,11 @@ impl Policy {
             _ => home_text.as_deref(),
         };
         let mut a = analyze(req.argv, req.shell, line_home);
+        if req.login_shell {
+            // `[SHELL, -l]` as byomd made it: the one unknowable is that
+            // it reads the person's keys.
+            a.unknown.clear();
+        }
         if let Some(env) = req.env {
             for (k, v) in env {
                 a.add_env(k, v, line_home);

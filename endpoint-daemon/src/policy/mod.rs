@@ -122,6 +122,12 @@ scrub = ["*_TOKEN", "*_SECRET", "*_SECRET_*", "*_PASSWORD", "*_API_KEY", "AWS_SE
 # no more than that user can. dirs.roots must be directories it can enter.
 # user = "byom-runner"
 
+[terminal]
+# Who may open a terminal here (`byom exec -t`, `byom shell`): "admins"
+# (people with the server's admin certificate, never an agent) or "none".
+# A terminal runs in the same sandbox as any command, and is audited.
+allow = "admins"
+
 [limits]
 # Longest a command may run, whatever timeout the server asks for.
 max_runtime = "2h"
@@ -252,6 +258,23 @@ pub struct PolicyFile {
     pub limits: LimitRules,
     pub upgrade: UpgradeRules,
     pub sandbox: sandbox::SandboxRules,
+    pub terminal: TerminalRules,
+}
+
+/// `[terminal]`: who may open a terminal on this machine.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TerminalRules {
+    pub allow: TerminalAllow,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TerminalAllow {
+    /// People with the server's admin certificate; never an agent.
+    #[default]
+    Admins,
+    None,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -284,6 +307,11 @@ pub struct Request<'a> {
     pub taint: &'a str,
     /// Who the server says approved it anyway.
     pub approved_by: &'a str,
+    /// A terminal's login shell, which byomd itself named (never the
+    /// server): what a person types into it cannot be judged before, so
+    /// the `[terminal]` grant decides instead, and only that it reads its
+    /// input is let through.
+    pub login_shell: bool,
 }
 
 impl Request<'_> {
@@ -529,6 +557,22 @@ impl Policy {
 
     pub fn max_concurrency(&self) -> Option<usize> {
         self.file.limits.max_concurrency
+    }
+
+    /// Whether `requested_by` may have a terminal here; Err: why not.
+    pub fn terminal(&self, requested_by: &str) -> Result<(), String> {
+        let file = self.path.display();
+        match self.file.terminal.allow {
+            TerminalAllow::None => Err(format!(
+                "terminals are off on this machine ([terminal] allow = \"none\" in {file})"
+            )),
+            // Only a person's certificate says admin: anything else (an
+            // agent's worker, an unknown name) is refused.
+            TerminalAllow::Admins if requested_by.starts_with("admin:") => Ok(()),
+            TerminalAllow::Admins => Err(format!(
+                "only admins may open a terminal on this machine ([terminal] allow = \"admins\" in {file}); {requested_by} is not one"
+            )),
+        }
     }
 
     /// One line for Hello and `byom machines show`.

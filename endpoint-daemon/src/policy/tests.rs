@@ -284,3 +284,38 @@ fn untrusted_tasks_commands_follow_agents_untrusted() {
 }
 
 mod defects;
+
+/// `[terminal]`: admins only by default (never an agent, nor a name the
+/// policy does not know), none when the owner says so; and only the login
+/// shell byomd names itself may read what is typed under a strict policy.
+#[test]
+fn terminals_are_for_admins_unless_the_owner_says_none() {
+    let p = policy(DEFAULT_POLICY);
+    assert!(p.terminal("admin:ada").is_ok());
+    for who in ["wrk_01abc", "", "ada", "admin", "Admin:ada"] {
+        assert!(p.terminal(who).is_err(), "{who:?} got a terminal");
+    }
+    let p = policy("[terminal]\nallow = \"none\"\n");
+    assert!(p.terminal("admin:ada").is_err());
+    let dir = std::env::temp_dir().join("no-such-dir/policy.toml");
+    assert!(Policy::parse("[terminal]\nallow = \"everyone\"\n", &dir).is_err());
+
+    let p = policy(DEFAULT_POLICY);
+    let shell = ["/bin/bash".to_string(), "-l".to_string()];
+    let typed = Request {
+        argv: &shell,
+        cwd: "/tmp",
+        requested_by: "admin:ada",
+        ..Default::default()
+    };
+    assert_eq!(
+        outcome(&p, &typed),
+        "deny",
+        "a shell reading its input was judged"
+    );
+    let login = Request {
+        login_shell: true,
+        ..typed.clone()
+    };
+    assert_eq!(outcome(&p, &login), "allow");
+}

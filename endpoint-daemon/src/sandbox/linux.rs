@@ -690,7 +690,16 @@ fn drop_capabilities() -> Result<(), String> {
 fn command(spec: &Spec, t0: Instant, old: &libc::sigset_t) -> Result<Never, String> {
     // SAFETY: process attribute changes in a single-threaded child.
     unsafe {
-        libc::setpgid(0, 0);
+        if spec.tty {
+            // Its terminal's session leader, so ^C and ^Z on it reach
+            // its foreground job.
+            check(libc::setsid(), || "setsid".into())?;
+            check(libc::ioctl(0, libc::TIOCSCTTY as _, 0), || {
+                "make the terminal its controlling one".into()
+            })?;
+        } else {
+            libc::setpgid(0, 0);
+        }
         if let Some((uid, gid)) = spec.user {
             check(libc::setgroups(0, std::ptr::null()), || "setgroups".into())?;
             check(libc::setgid(gid), || format!("setgid {gid}"))?;

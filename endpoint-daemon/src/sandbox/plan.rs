@@ -70,6 +70,10 @@ pub struct Spec {
     pub tmp: Option<Tmp>,
     /// Landlock: TCP connections only to these ports (empty: any).
     pub ports: Vec<u16>,
+    /// Its stdin is a terminal to make its controlling one (a session
+    /// of its own, `TIOCSCTTY`), for `byom exec -t`.
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// What a command's sandbox depends on besides the rules.

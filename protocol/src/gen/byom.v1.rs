@@ -202,6 +202,22 @@ pub struct ExecRequest {
     /// own stream, stdin a command does not read never holds up its cancel.
     #[prost(bool, tag = "12")]
     pub stdin_stream: bool,
+    /// Run it on a pseudo-terminal of this size (stdout and stderr are then
+    /// one stream, stdout); resized by `Resize` on the command's stream.
+    #[prost(bool, tag = "13")]
+    pub tty: bool,
+    #[prost(uint32, tag = "14")]
+    pub rows: u32,
+    #[prost(uint32, tag = "15")]
+    pub cols: u32,
+}
+/// A terminal's new size (`byom exec -t`, `byom shell`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Resize {
+    #[prost(uint32, tag = "1")]
+    pub rows: u32,
+    #[prost(uint32, tag = "2")]
+    pub cols: u32,
 }
 /// Opens a command's stdin stream (see `ExecRequest.stdin_stream`).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -330,7 +346,10 @@ pub mod to_server {
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ToDaemon {
-    #[prost(oneof = "to_daemon::Msg", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
+    #[prost(
+        oneof = "to_daemon::Msg",
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13"
+    )]
     pub msg: ::core::option::Option<to_daemon::Msg>,
 }
 /// Nested message and enum types in `ToDaemon`.
@@ -361,6 +380,8 @@ pub mod to_daemon {
         Stdin(super::StdinHeader),
         #[prost(message, tag = "12")]
         OutputAck(super::OutputAck),
+        #[prost(message, tag = "13")]
+        Resize(super::Resize),
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -447,6 +468,13 @@ pub struct Command {
     pub stdout_elided: u64,
     #[prost(uint64, tag = "34")]
     pub stderr_elided: u64,
+    /// On a pseudo-terminal (see ExecRequest.tty).
+    #[prost(bool, tag = "35")]
+    pub tty: bool,
+    #[prost(uint32, tag = "36")]
+    pub rows: u32,
+    #[prost(uint32, tag = "37")]
+    pub cols: u32,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Machine {
@@ -690,6 +718,14 @@ pub struct CreateCommandRequest {
     /// Only in `Exec`: stdin follows in the call's stream, any length.
     #[prost(bool, tag = "11")]
     pub stdin_stream: bool,
+    /// Only in `Exec`: run on a pseudo-terminal of this size (see
+    /// ExecRequest.tty); `ExecInput.resize` changes it.
+    #[prost(bool, tag = "12")]
+    pub tty: bool,
+    #[prost(uint32, tag = "13")]
+    pub rows: u32,
+    #[prost(uint32, tag = "14")]
+    pub cols: u32,
 }
 /// `Exec`'s client stream: the first message creates the command, the rest
 /// carry its stdin; the stream's end is stdin's end.
@@ -699,6 +735,9 @@ pub struct ExecInput {
     pub create: ::core::option::Option<CreateCommandRequest>,
     #[prost(bytes = "vec", tag = "2")]
     pub stdin: ::prost::alloc::vec::Vec<u8>,
+    /// The client's terminal changed size (with `create.tty`).
+    #[prost(message, optional, tag = "3")]
+    pub resize: ::core::option::Option<Resize>,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CommandResponse {

@@ -19,6 +19,8 @@ use crate::commands::{NewCommand, Target};
 const WATCH_BUFFER: usize = 64;
 /// Safety net for watchers in case a notification is missed.
 const WATCH_POLL: Duration = Duration::from_secs(1);
+/// Largest terminal side (rows or columns) a command may ask for.
+pub(crate) const MAX_TTY_SIDE: u32 = 4096;
 /// Commands listed when the request does not say.
 const DEFAULT_LIST: usize = 100;
 
@@ -64,6 +66,19 @@ impl Api {
                 "stdin_stream is for Exec, which streams it; CreateCommand and RunCommand carry stdin in the request",
             ));
         }
+        let tty = std::mem::take(&mut req.tty).then_some((req.rows, req.cols));
+        if tty.is_some() && !stdin_stream {
+            return Err(Status::invalid_argument(
+                "a terminal (tty) needs Exec, which carries its keystrokes and resizes",
+            ));
+        }
+        if let Some((rows, cols)) = tty {
+            if rows == 0 || cols == 0 || rows > MAX_TTY_SIDE || cols > MAX_TTY_SIDE {
+                return Err(Status::invalid_argument(format!(
+                    "terminal size {rows}x{cols}: each side 1 to {MAX_TTY_SIDE}"
+                )));
+            }
+        }
         let key = std::mem::take(&mut req.idempotency_key);
         let (env, labels) = (
             std::mem::take(&mut req.env),
@@ -101,6 +116,7 @@ impl Api {
                     env: req.env,
                     stdin: req.stdin,
                     stdin_stream,
+                    tty,
                     timeout_ms: req.timeout_ms,
                     queue_ttl_ms: req.queue_ttl_ms,
                     requested_by: by,

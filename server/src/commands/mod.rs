@@ -83,6 +83,8 @@ pub struct NewCommand {
     pub stdin: Vec<u8>,
     /// Its stdin comes as a stream (`Exec`), not in `stdin`.
     pub stdin_stream: bool,
+    /// On a pseudo-terminal of this size (rows, cols).
+    pub tty: Option<(u32, u32)>,
     pub timeout_ms: u64,
     /// 0: the default queue TTL.
     pub queue_ttl_ms: u64,
@@ -118,6 +120,9 @@ pub fn exec_request(c: &pb::Command) -> pb::ExecRequest {
         env: c.env.clone(),
         stdin: c.stdin.clone(),
         stdin_stream: c.stdin_stream,
+        tty: c.tty,
+        rows: c.rows,
+        cols: c.cols,
         timeout_ms: c.timeout_ms,
         requested_by: c.requested_by.clone(),
         tainted: c.tainted,
@@ -263,7 +268,9 @@ impl Commands {
                 return invalid(format!("{id:?} is not a command ID"));
             }
         }
-        if n.argv.is_empty() == n.shell.is_empty() {
+        // A terminal with neither runs the machine's login shell.
+        let login = n.tty.is_some() && n.argv.is_empty() && n.shell.is_empty();
+        if n.argv.is_empty() == n.shell.is_empty() && !login {
             return invalid("give either argv or a shell command line".into());
         }
         let line: usize = n.argv.iter().map(|a| a.len() + 1).sum::<usize>() + n.shell.len();
@@ -340,6 +347,9 @@ impl Commands {
             env: n.env,
             stdin: n.stdin,
             stdin_stream: n.stdin_stream,
+            tty: n.tty.is_some(),
+            rows: n.tty.map_or(0, |t| t.0),
+            cols: n.tty.map_or(0, |t| t.1),
             timeout_ms: n.timeout_ms,
             state: CommandState::Queued as i32,
             created_at_ms: now,
@@ -440,6 +450,7 @@ impl Commands {
                 env: HashMap::new(),
                 stdin: Vec::new(),
                 stdin_stream: false,
+                tty: None,
                 // A model's timeout is a wish: the longest allowed serves it.
                 timeout_ms: timeout_ms.min(ms(limits::MAX_COMMAND_TIMEOUT)),
                 queue_ttl_ms: 0,

@@ -117,6 +117,8 @@ async fn drive(
     };
     let mut unacked = 0u64;
     let mut stdin_opened = false;
+    // A terminal's resizes, from the stdin stream's call, once it opens.
+    let mut resizes: Option<mpsc::Receiver<pb::Resize>> = None;
     let mut tail_timer = tokio::time::interval(crate::commands::streams::TAIL_WRITE);
     tail_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Frames are read by a task of their own: reading one is not
@@ -137,6 +139,11 @@ async fn drive(
                 commands.write_tail(&id, &mut keeper, false)?;
                 continue;
             }
+            Some(r) = next_resize(&mut resizes) => {
+                let frame = ToDaemon { msg: Some(to_daemon::Msg::Resize(r)) };
+                write_frame(&mut send, &frame).await?;
+                continue;
+            }
         };
         let Some(frame) = frame else {
             anyhow::bail!("daemon closed the stream before the exit record");
@@ -147,7 +154,7 @@ async fn drive(
                 running = true;
                 if cmd.stdin_stream && !stdin_opened && mode == Mode::Exec {
                     stdin_opened = true;
-                    open_stdin(gw, live, &id);
+                    resizes = Some(open_stdin(gw, live, &id));
                 }
             }
             Some(to_server::Msg::Output(o)) => {
@@ -241,23 +248,43 @@ const STDIN_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1
 /// end, or is not here (QUIC application code).
 const STDIN_CUT: quinn::VarInt = quinn::VarInt::from_u32(1);
 
+/// Resizes buffered between the `Exec` call and the command's stream.
+const RESIZE_BUFFER: usize = 8;
+
+async fn next_resize(r: &mut Option<mpsc::Receiver<pb::Resize>>) -> Option<pb::Resize> {
+    match r {
+        Some(rx) => match rx.recv().await {
+            Some(x) => Some(x),
+            None => {
+                *r = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
 /// Opens command `id`'s stdin stream, now that it started, and feeds it
-/// from the `Exec` call that streams it in, at the pace the process reads.
-fn open_stdin(gw: &Gateway, live: &LiveMachine, id: &str) {
+/// from the `Exec` call that streams it in, at the pace the process reads;
+/// the call's terminal resizes come out of the receiver returned.
+fn open_stdin(gw: &Gateway, live: &LiveMachine, id: &str) -> mpsc::Receiver<pb::Resize> {
     let source = gw.commands.take_stdin(id);
     let conn = live.conn.clone();
     let id = id.to_string();
+    let (tx, rx) = mpsc::channel(RESIZE_BUFFER);
     tokio::spawn(async move {
-        if let Err(e) = feed_stdin(conn, &id, source).await {
+        if let Err(e) = feed_stdin(conn, &id, source, tx).await {
             tracing::debug!(cmd = %id, "stdin stream ended: {e:#}");
         }
     });
+    rx
 }
 
 async fn feed_stdin(
     conn: quinn::Connection,
     id: &str,
     source: Option<crate::commands::StdinSource>,
+    resizes: mpsc::Sender<pb::Resize>,
 ) -> anyhow::Result<()> {
     // A daemon too old to take stdin streams never grants one.
     let mut send = tokio::time::timeout(STDIN_OPEN_TIMEOUT, conn.open_uni())
@@ -280,6 +307,10 @@ async fn feed_stdin(
     loop {
         match source.message().await {
             Ok(Some(m)) => {
+                if let Some(r) = m.resize {
+                    // Only the latest size matters: a full buffer drops one.
+                    let _ = resizes.try_send(r);
+                }
                 if open && !m.stdin.is_empty() && send.write_all(&m.stdin).await.is_err() {
                     // The process wants no more: the rest is read and
                     // dropped, so the client's call ends normally.
