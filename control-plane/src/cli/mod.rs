@@ -12,6 +12,7 @@ mod commands;
 mod connectors;
 mod cp;
 mod demo;
+mod docs;
 mod events;
 mod exec;
 mod exec_all;
@@ -29,6 +30,7 @@ mod threads;
 mod token;
 mod trust;
 mod views;
+mod webhook;
 mod workers;
 
 use std::path::PathBuf;
@@ -152,6 +154,16 @@ pub enum Cmd {
     },
     /// Talk to the agent on a chat thread from the terminal.
     Chat(chat::ChatArgs),
+    /// The generic webhook (POST /hooks/SOURCE): sign a body as the server
+    /// checks it.
+    #[command(subcommand)]
+    Webhook(webhook::WebhookCmd),
+    /// Print the shell completion script for bash, zsh, fish, powershell
+    /// or elvish (`byom completions bash > ~/.local/share/bash-completion/completions/byom`).
+    Completions(docs::CompletionsArgs),
+    /// Print byom's man page, or write every page into a directory
+    /// (`byom man --dir DIR`: byom.1, byom-token-create.1, …).
+    Man(docs::ManArgs),
 }
 
 /// A duration that must mean something: at least 1 ms (0 would silently
@@ -314,6 +326,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Store(c) => server::store(c),
         Cmd::Demo(a) => demo::run(a).await,
         Cmd::Js(j) => crate::js::run(j).await,
+        Cmd::Webhook(x) => webhook::run(x),
+        Cmd::Completions(a) => docs::completions(a),
+        Cmd::Man(a) => docs::man(a),
         Cmd::Token(t) => token::run(&mut connect(g).await?, t).await,
         Cmd::Machines(m) => machines::run(&mut connect(g).await?, m).await,
         Cmd::Exec(e) => exec::run(&mut connect(g).await?, e).await,
