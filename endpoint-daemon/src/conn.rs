@@ -689,11 +689,26 @@ async fn heartbeat(
     let mut last_ping = Instant::now();
     let mut paused = runner.is_paused();
     let dead_after = limits::HEARTBEAT_INTERVAL * limits::HEARTBEAT_MISSES;
+    // Sleep as the OS says it (logind), and as the clocks show it.
+    let mut sleep = crate::power::subscribe();
+    sleep.borrow_and_update();
+    let mut suspended = crate::power::suspended_ms();
     // Ticks often enough to notice `byomd pause` quickly; pings less often.
     let mut tick = tokio::time::interval(PAUSE_POLL);
     loop {
         tokio::select! {
             _ = tick.tick() => {
+                let now_suspended = crate::power::suspended_ms();
+                if now_suspended.saturating_sub(suspended) > crate::power::SLEPT_AFTER_MS {
+                    // The connection went stale while asleep: a new one
+                    // now beats waiting for the heartbeat to say so.
+                    reader.abort();
+                    return format!(
+                        "woke from sleep (suspended {}s): reconnecting",
+                        (now_suspended - suspended) / 1000
+                    );
+                }
+                suspended = now_suspended;
                 if last_heard.elapsed() >= dead_after {
                     reader.abort();
                     return format!("heartbeat lost: no answer from the server for {}s", dead_after.as_secs());
@@ -702,7 +717,7 @@ async fn heartbeat(
                 if now_paused != paused {
                     paused = now_paused;
                     tracing::info!("{}", if paused { "paused by the owner: no new commands" } else { "resumed by the owner" });
-                    let st = ToServer { msg: Some(to_server::Msg::Status(pb::DaemonStatus { paused })) };
+                    let st = ToServer { msg: Some(to_server::Msg::Status(pb::DaemonStatus { paused, sleeping: false })) };
                     if let Err(e) = write_frame(send, &st).await {
                         reader.abort();
                         return format!("control stream failed: {e}");
@@ -719,6 +734,20 @@ async fn heartbeat(
                 }
             }
             Some(()) = rx.recv() => last_heard = Instant::now(),
+            Ok(()) = sleep.changed() => {
+                let going = *sleep.borrow_and_update();
+                if !going {
+                    reader.abort();
+                    return "woke from sleep: reconnecting".into();
+                }
+                // Said before the machine sleeps, so the server shows it
+                // asleep, not gone, when it falls silent.
+                let st = ToServer { msg: Some(to_server::Msg::Status(pb::DaemonStatus { paused, sleeping: true })) };
+                if let Err(e) = write_frame(send, &st).await {
+                    reader.abort();
+                    return format!("control stream failed: {e}");
+                }
+            }
             r = &mut reader => return r.unwrap_or_else(|e| e.to_string()),
         }
     }

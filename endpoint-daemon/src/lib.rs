@@ -20,6 +20,7 @@ pub mod exec;
 pub mod identity;
 pub mod pair;
 pub mod policy;
+pub mod power;
 pub mod sandbox;
 pub mod secrets;
 pub mod service;

@@ -111,3 +111,73 @@ fn a_worker_hears_its_command_is_pending_while_the_machine_sleeps() {
     let w = server.json(&["workers", "show", &worker]);
     assert_ne!(w["status"], "failed", "{w}");
 }
+
+/// The OS says the laptop goes to sleep (logind's PrepareForSleep, sent
+/// here on a bus of the test's own, a real dbus-daemon): the daemon tells
+/// the server, which shows it `asleep`, not offline, once it falls silent
+/// (SIGSTOP stands in for the suspend); awake again, it is online. A
+/// machine that said nothing and falls silent is offline.
+#[test]
+fn a_machine_that_says_it_sleeps_is_shown_asleep_not_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus_path = dir.path().join("system_bus");
+    let bus = format!("unix:path={}", bus_path.display());
+    let mut dbus = std::process::Command::new("dbus-daemon")
+        .args(["--session", "--nofork", "--nopidfile"])
+        .arg(format!("--address={bus}"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("dbus-daemon (apt install dbus)");
+    wait_for("the bus", T, || bus_path.exists().then_some(()));
+    let server = Server::start(dir.path());
+    let mut d = Daemon::new(dir.path(), "lap");
+    d.env.push(("DBUS_SYSTEM_BUS_ADDRESS".into(), bus.clone()));
+    d.pair(&server.token(&["--name", "lap"]), "lap");
+    d.start();
+    server.wait_online("lap", true, T);
+    wait_for("the daemon listening to the bus", T, || {
+        d.log()
+            .contains("listening for logind's sleep notifications")
+            .then_some(())
+    });
+    let sent = std::process::Command::new("dbus-send")
+        .arg(format!("--bus={bus}"))
+        .args([
+            "--type=signal",
+            "/org/freedesktop/login1",
+            "org.freedesktop.login1.Manager.PrepareForSleep",
+            "boolean:true",
+        ])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    wait_for("the server to hear it", T, || {
+        (!server.machine("lap")["asleep_since"].is_null()).then_some(())
+    });
+    d.sigstop();
+    server.wait_online("lap", false, T);
+    let ls = server.byom(&["machines", "ls"]);
+    assert!(
+        String::from_utf8_lossy(&ls.stdout).contains("asleep"),
+        "{}",
+        String::from_utf8_lossy(&ls.stdout)
+    );
+    let shown = server.byom(&["machines", "show", "lap"]);
+    assert!(String::from_utf8_lossy(&shown.stdout).contains("asleep since"));
+    d.sigcont();
+    server.wait_online("lap", true, T);
+    assert!(server.machine("lap")["asleep_since"].is_null());
+
+    // Silent without a word: offline.
+    d.sigstop();
+    server.wait_online("lap", false, T);
+    let ls = server.byom(&["machines", "ls"]);
+    let text = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        text.contains("offline") && !text.contains("asleep"),
+        "{text}"
+    );
+    d.sigcont();
+    let _ = dbus.kill();
+    let _ = dbus.wait();
+}

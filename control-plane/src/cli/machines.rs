@@ -63,6 +63,8 @@ fn status_of(m: &pb::Machine) -> String {
         "paused".into()
     } else if m.online {
         "online".into()
+    } else if m.asleep_since_ms != 0 {
+        "asleep".into()
     } else {
         "offline".into()
     }
@@ -209,6 +211,11 @@ pub fn print_machine(m: &pb::Machine, json: bool) {
             "revoked {} ({})",
             ago(m.revoked_at_ms),
             safe_line(&m.offline_reason)
+        )
+    } else if m.asleep_since_ms != 0 {
+        format!(
+            "asleep since {} (it said it was going to sleep; its commands wait for it)",
+            ago(m.asleep_since_ms)
         )
     } else if m.offline_reason.is_empty() {
         format!("offline, last seen {}", ago(m.last_seen_ms))

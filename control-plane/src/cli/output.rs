@@ -143,6 +143,7 @@ pub fn machine_json(m: &pb::Machine) -> Value {
         "public_key_sha256": m.public_key_sha256, "token_id": m.token_id,
         "queued_commands": m.queued_commands, "running_commands": m.running_commands,
         "remote_addr": m.remote_addr, "offline_reason": m.offline_reason,
+        "asleep_since": time(m.asleep_since_ms),
         "policy_digest": m.policy_digest, "policy_summary": m.policy_summary, "paused": m.paused, "transport": m.transport,
         "sandbox": m.sandbox,
     })

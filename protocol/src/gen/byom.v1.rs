@@ -112,6 +112,10 @@ pub struct LocalApproval {
 pub struct DaemonStatus {
     #[prost(bool, tag = "1")]
     pub paused: bool,
+    /// The machine is about to sleep (logind's PrepareForSleep): the silence
+    /// that follows is sleep, not a machine gone.
+    #[prost(bool, tag = "2")]
+    pub sleeping: bool,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct HelloAck {
@@ -544,6 +548,10 @@ pub struct Machine {
     /// From the last Hello: the sandbox its commands get.
     #[prost(string, tag = "27")]
     pub sandbox: ::prost::alloc::string::String,
+    /// When the daemon said the machine goes to sleep (0: it did not, or it
+    /// has been back since): `asleep` in `byom machines ls`, not offline.
+    #[prost(uint64, tag = "28")]
+    pub asleep_since_ms: u64,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Token {

@@ -121,6 +121,7 @@ pub(super) async fn serve(
         m.instance_id = hello.instance_id.clone();
         m.remote_addr = remote.clone();
         m.offline_reason.clear();
+        m.asleep_since_ms = 0;
         m.policy_digest = printable(&hello.policy_digest, 64);
         m.policy_summary = printable(&hello.policy_summary, 256);
         m.paused = hello.paused;
@@ -179,7 +180,11 @@ pub(super) async fn serve(
     if gw.live.remove_if(&live.machine_id, live.generation) {
         let _ = gw.store.update_machine(&live.machine_id, |m| {
             m.last_seen_ms = byom_wire::now_ms();
-            m.offline_reason = reason.clone();
+            m.offline_reason = if m.asleep_since_ms != 0 {
+                "asleep (it said it was going to sleep)".into()
+            } else {
+                reason.clone()
+            };
             Ok(())
         });
     }
@@ -230,11 +235,19 @@ async fn control_loop(
                 }
             }
             Some(to_server::Msg::Status(st)) => {
-                tracing::info!(machine = %live.machine_id, paused = st.paused, "daemon status");
+                tracing::info!(machine = %live.machine_id, paused = st.paused, sleeping = st.sleeping, "daemon status");
+                let now = byom_wire::now_ms();
                 let _ = gw.store.update_machine(&live.machine_id, |m| {
                     m.paused = st.paused;
+                    if st.sleeping {
+                        m.asleep_since_ms = now;
+                    }
                     Ok(())
                 });
+                if st.sleeping {
+                    // Durable before the machine falls silent.
+                    let _ = gw.store.flush_async().await;
+                }
                 // Resuming wakes the dispatcher.
                 live.set_paused(st.paused);
             }
