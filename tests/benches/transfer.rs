@@ -179,12 +179,8 @@ fn main() {
     );
 
     println!(
-        "\ndata through byom and ssh ({} build, loopback, {mib} MiB file)",
-        if cfg!(debug_assertions) {
-            "DEBUG"
-        } else {
-            "release"
-        }
+        "\ndata through byom and ssh (byom and byomd from {}, loopback, {mib} MiB file)",
+        byom_tests::bin_dir().display()
     );
     cat.print(Some(bytes));
     up.print(Some(bytes));

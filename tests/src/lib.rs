@@ -1120,10 +1120,16 @@ impl Sshd {
         std::fs::write(
             &cfg,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPasswordAuthentication no\nStrictModes no\nPidFile {}\nUsePAM no\n",
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPasswordAuthentication no\nStrictModes no\nPidFile {}\nUsePAM no\n{}",
                 hostkey.display(),
                 dir.join("authorized_keys").display(),
-                dir.join("sshd.pid").display()
+                dir.join("sshd.pid").display(),
+                // scp speaks SFTP these days.
+                ["/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-server", "/usr/lib/ssh/sftp-server"]
+                    .into_iter()
+                    .find(|p| Path::new(p).exists())
+                    .map(|p| format!("Subsystem sftp {p}\n"))
+                    .unwrap_or_default()
             ),
         )
         .ok()?;
