@@ -463,10 +463,11 @@ async fn session(
     let quic = connect_quic(addr, cfg.clone(), QUIC_FALLBACK_AFTER).await;
     let why_tcp = match quic {
         Ok((c, e)) => Ok((c, e, Transport::Quic)),
+        // Not even a revocation is believed here: a handshake's first
+        // packets carry no proof of who sent them, so anyone on the path
+        // could forge one. The server's own word comes after the
+        // handshake (below), or inside the CA-pinned TCP tunnel.
         Err(QuicFail::Refused(e)) => {
-            if let Some(why) = closed_for_good(&e) {
-                return Ok(End::Revoked(why));
-            }
             tracing::info!("QUIC handshake with {server} refused ({e}): trying TCP");
             Err(format!("the QUIC handshake was refused ({e})"))
         }
@@ -765,7 +766,10 @@ pub async fn unpair(dir: &Path, ident: &Identity) -> anyhow::Result<()> {
         endpoint.connect_with(cfg, addr, byom_protocol::SERVER_NAME)?,
     )
     .await
-    .context("no answer from the server")??;
+    .context("no answer from the server")?
+    // A refusal during the handshake proves nothing (anyone on the path
+    // can forge one): as text, so it never reads as the server's word.
+    .map_err(|e| anyhow::anyhow!("the QUIC handshake with the server failed: {e}"))?;
     let (mut send, mut recv) = conn.open_bi().await?;
     write_frame(
         &mut send,

@@ -449,6 +449,26 @@ fn cp_moves_files_and_trees_both_ways_intact() {
         "the machine's audit log does not show the copies"
     );
 
+    // The machine says a file's mode: setuid and setgid bits it asks for
+    // are not made here (a machine must not plant a setuid file on the
+    // admin's side), and this side's umask applies.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let suid = there.join("suid-tool");
+        std::fs::write(&suid, b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o6777)).unwrap();
+        let got = dir.path().join("suid-here");
+        let out = server.byom(&[
+            "cp",
+            &format!("lap:{}", suid.display()),
+            got.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let mode = mode_of(&got);
+        assert_eq!(mode & 0o7000, 0, "a special bit came across: {mode:o}");
+    }
+
     // A missing file is a clear error and writes nothing here.
     let nowhere = dir.path().join("nowhere");
     let out = server.byom(&["cp", "lap:/nonexistent/file", nowhere.to_str().unwrap()]);

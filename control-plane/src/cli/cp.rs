@@ -82,7 +82,7 @@ if [ "$2" = dir ]; then
   [ -d "$src" ] || { echo "byom cp: $src is not a directory on this machine" >&2; exit 66; }
   t=$(mktemp)
   trap 'rm -f -- "$t"' EXIT
-  tar cf "$t" -C "$(dirname -- "$src")" "$(basename -- "$src")"
+  tar cf "$t" -C "$(dirname -- "$src")" -- "$(basename -- "$src")"
   src=$t
   mode=755
 else
@@ -104,6 +104,25 @@ pub async fn run(c: &mut Client, a: CpArgs) -> anyhow::Result<i32> {
         ),
         (None, None) => bail!("neither side is a machine: one of them is MACHINE:PATH"),
     }
+}
+
+/// This process's umask: from /proc where Linux says it, else read by
+/// setting it and setting it back.
+#[cfg(unix)]
+fn umask() -> u32 {
+    if let Ok(s) = std::fs::read_to_string("/proc/self/status") {
+        if let Some(m) = s
+            .lines()
+            .find_map(|l| l.strip_prefix("Umask:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        {
+            return m;
+        }
+    }
+    // SAFETY: umask only swaps the process's mask.
+    let m = unsafe { libc::umask(0o077) };
+    unsafe { libc::umask(m) };
+    m as u32
 }
 
 fn sha256_file(p: &Path) -> anyhow::Result<String> {
@@ -261,6 +280,8 @@ async fn up(
             .arg(tmp.path())
             .arg("-C")
             .arg(&parent)
+            // A name that starts with `-` is a name, not an option.
+            .arg("--")
             .arg(&name)
             .status()
             .context("running the local tar")?;
@@ -272,7 +293,8 @@ async fn up(
         #[cfg(unix)]
         let mode = {
             use std::os::unix::fs::PermissionsExt;
-            format!("{:o}", meta.permissions().mode() & 0o7777)
+            // Permission bits only: no setuid or setgid bits go across.
+            format!("{:o}", meta.permissions().mode() & 0o777)
         };
         #[cfg(not(unix))]
         let mode = "644".to_string();
@@ -350,9 +372,12 @@ async fn down(
         let unpack = tempfile::Builder::new()
             .prefix(".byom-cp")
             .tempdir_in(&parent)?;
+        // Owners and special bits as this user makes files, whatever the
+        // machine's tar says (GNU and BSD tar take these).
         let st = std::process::Command::new("tar")
             .arg("xf")
             .arg(tmp.path())
+            .args(["--no-same-owner", "--no-same-permissions"])
             .arg("-C")
             .arg(unpack.path())
             .status()
@@ -364,10 +389,14 @@ async fn down(
             .with_context(|| format!("moving it to {}", dst.display()))?;
         return Ok(0);
     }
+    // The machine says the mode: as cp and scp do without -p, only its
+    // permission bits, under this user's umask; never setuid or setgid
+    // bits a machine chose for a file here.
     #[cfg(unix)]
     if let Ok(m) = u32::from_str_radix(mode.trim(), 8) {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(m & 0o7777))?;
+        let m = m & 0o777 & !umask();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(m))?;
     }
     #[cfg(not(unix))]
     let _ = mode;

@@ -125,7 +125,10 @@ scrub = ["*_TOKEN", "*_SECRET", "*_SECRET_*", "*_PASSWORD", "*_API_KEY", "AWS_SE
 [terminal]
 # Who may open a terminal here (`byom exec -t`, `byom shell`): "admins"
 # (people with the server's admin certificate, never an agent) or "none".
-# A terminal runs in the same sandbox as any command, and is audited.
+# A terminal's shell runs what is typed, which no rule above can judge
+# before; it runs in the same sandbox as any command, and is audited. The
+# server says who is an admin: if a server that lies is in your threat
+# model, set "none". A policy without this section has no terminals.
 allow = "admins"
 
 [limits]
@@ -268,12 +271,14 @@ pub struct TerminalRules {
     pub allow: TerminalAllow,
 }
 
+/// Off unless the owner's file says otherwise: a policy written before
+/// terminals existed (no `[terminal]`) does not gain them on upgrade.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum TerminalAllow {
     /// People with the server's admin certificate; never an agent.
-    #[default]
     Admins,
+    #[default]
     None,
 }
 

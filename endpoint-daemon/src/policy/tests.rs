@@ -297,6 +297,9 @@ fn terminals_are_for_admins_unless_the_owner_says_none() {
     }
     let p = policy("[terminal]\nallow = \"none\"\n");
     assert!(p.terminal("admin:ada").is_err());
+    // A policy from before terminals (no section) has none.
+    let p = policy("[commands]\ndeny = [\"sudo\"]\n");
+    assert!(p.terminal("admin:ada").is_err());
     let dir = std::env::temp_dir().join("no-such-dir/policy.toml");
     assert!(Policy::parse("[terminal]\nallow = \"everyone\"\n", &dir).is_err());
 

@@ -163,6 +163,19 @@ async fn drive(
                 }
                 let len = o.data.len() as u64;
                 let i = usize::from(o.stream == pb::OutputStream::Stderr as i32);
+                // Output only moves forward (a re-attach may skip what the
+                // daemon forgot, never go back): so what the store keeps
+                // stays bounded whatever a daemon sends.
+                let Some(end) = o.offset.checked_add(len) else {
+                    anyhow::bail!("output offset out of range");
+                };
+                if o.offset < have[i] {
+                    anyhow::bail!(
+                        "output at offset {} after {} was already received",
+                        o.offset,
+                        have[i]
+                    );
+                }
                 // May wait for the attached client; a cancel meanwhile
                 // still goes out.
                 let took = commands.output(&id, &o, &mut running, &mut keeper);
@@ -175,7 +188,7 @@ async fn drive(
                         }
                     }
                 }
-                have[i] = have[i].max(o.offset + len);
+                have[i] = end;
                 unacked += len;
                 if unacked >= limits::OUTPUT_ACK_BYTES {
                     unacked = 0;
