@@ -150,34 +150,45 @@ fn follow_rename(dir: &Path, name: &str) {
 /// Most server addresses a daemon keeps.
 const MAX_SERVER_ADDRS: usize = 16;
 
-/// Keeps the replicas' addresses the server told (after the ones known):
-/// when the one dialed does not answer, the next is tried.
+/// Where the replicas' addresses the server told are kept, one a line:
+/// a file of its own, so writing it never races the identity's renewal.
+fn replicas_file(dir: &Path) -> std::path::PathBuf {
+    dir.join("replicas")
+}
+
+/// Keeps the replicas' addresses the server told (the latest list, not
+/// every address ever heard: a replica gone is forgotten): when the one
+/// dialed does not answer, the next is tried.
 fn keep_server_addrs(dir: &Path, told: &[String]) {
-    let Ok(mut id) = Identity::load(dir) else {
-        return;
-    };
-    let mut addrs: Vec<String> = id
-        .server_addr
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let before = addrs.len();
+    let mut addrs: Vec<&str> = Vec::new();
     for a in told {
-        // Printable host:port only: this goes into the identity file.
+        // Printable host:port only, as a line of the file.
         let ok =
             !a.is_empty() && a.len() <= 255 && a.chars().all(|c| c.is_ascii_graphic() && c != ',');
-        if ok && !addrs.contains(a) && addrs.len() < MAX_SERVER_ADDRS {
-            addrs.push(a.clone());
+        if ok && !addrs.contains(&a.as_str()) && addrs.len() < MAX_SERVER_ADDRS {
+            addrs.push(a);
         }
     }
-    if addrs.len() != before {
-        id.server_addr = addrs.join(",");
-        tracing::info!(servers = %id.server_addr, "the server's replicas");
-        if let Err(e) = id.save(dir) {
-            tracing::warn!("cannot record the server's replicas: {e:#}");
-        }
+    let text = addrs.join("\n");
+    let path = replicas_file(dir);
+    if std::fs::read_to_string(&path).unwrap_or_default() == text {
+        return;
     }
+    tracing::info!(servers = %addrs.join(","), "the server's replicas");
+    if let Err(e) = byom_wire::write_atomic(&path, text.as_bytes(), 0o600) {
+        tracing::warn!("cannot record the server's replicas: {e:#}");
+    }
+}
+
+/// The replicas' addresses kept from the last HelloAck.
+fn kept_server_addrs(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(replicas_file(dir))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .take(MAX_SERVER_ADDRS)
+        .collect()
 }
 
 /// Whether a `byomd run` holds this config dir now (its lock, not a PID
@@ -258,7 +269,7 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
         }
         let key = ident.load_key(&dir)?;
         // Replicas of one server (`--server a,b,c`).
-        let servers: Vec<String> = opts
+        let mut servers: Vec<String> = opts
             .server
             .clone()
             .unwrap_or_else(|| ident.server_addr.clone())
@@ -266,6 +277,15 @@ pub async fn run(opts: RunOptions, shutdown: CancellationToken) -> anyhow::Resul
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect();
+        // Then the replicas the server told of (not with --server, which
+        // names exactly where to dial).
+        if opts.server.is_none() {
+            for a in kept_server_addrs(&dir) {
+                if !servers.contains(&a) {
+                    servers.push(a);
+                }
+            }
+        }
         let server = servers
             .get(next % servers.len().max(1))
             .cloned()

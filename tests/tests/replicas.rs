@@ -49,10 +49,7 @@ fn a_daemon_learns_the_replicas_and_fails_over_to_them() {
     s[0].wait_online("lap", true, T);
     let all: Vec<String> = s.iter().map(|r| r.quic_addr.to_string()).collect();
     wait_for("the daemon to keep every replica's address", T, || {
-        let kept = d.identity()["server_addr"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
+        let kept = std::fs::read_to_string(d.config_dir.join("replicas")).unwrap_or_default();
         all.iter().all(|a| kept.contains(a.as_str())).then_some(())
     });
     s[0].kill9();

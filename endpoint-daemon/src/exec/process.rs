@@ -211,7 +211,42 @@ pub(super) struct Pty {
     pub slave: std::os::fd::OwnedFd,
 }
 
-#[cfg(unix)]
+/// Both sides are close-on-exec from their first moment, so a command
+/// started meanwhile on another thread cannot inherit this terminal.
+#[cfg(target_os = "linux")]
+fn open_pty(rows: u32, cols: u32) -> std::io::Result<Pty> {
+    use std::os::fd::FromRawFd;
+    let last = std::io::Error::last_os_error;
+    // SAFETY: each call checks its result; the descriptors become owned.
+    unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if m < 0 {
+            return Err(last());
+        }
+        let master = std::os::fd::OwnedFd::from_raw_fd(m);
+        if libc::grantpt(m) != 0 || libc::unlockpt(m) != 0 {
+            return Err(last());
+        }
+        let mut name = [0 as libc::c_char; 128];
+        if libc::ptsname_r(m, name.as_mut_ptr(), name.len()) != 0 {
+            return Err(last());
+        }
+        let s = libc::open(
+            name.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
+        if s < 0 {
+            return Err(last());
+        }
+        let slave = std::os::fd::OwnedFd::from_raw_fd(s);
+        set_size(&master, rows, cols);
+        Ok(Pty { master, slave })
+    }
+}
+
+/// Elsewhere: openpty, then close-on-exec (a moment when a command
+/// started on another thread could inherit it).
+#[cfg(all(unix, not(target_os = "linux")))]
 fn open_pty(rows: u32, cols: u32) -> std::io::Result<Pty> {
     use std::os::fd::FromRawFd;
     let (mut m, mut s) = (-1, -1);
@@ -221,7 +256,7 @@ fn open_pty(rows: u32, cols: u32) -> std::io::Result<Pty> {
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: both are new and ours; neither may leak into other commands.
+    // SAFETY: both are new and ours.
     unsafe {
         libc::fcntl(m, libc::F_SETFD, libc::FD_CLOEXEC);
         libc::fcntl(s, libc::F_SETFD, libc::FD_CLOEXEC);
