@@ -6,13 +6,14 @@
 //! its paths go in as arguments (never into the script's text), and it
 //! is streamed through `exec`'s flow-controlled streams:
 //! - up: the bytes (a file, or a tar of a directory made by the local
-//!   `tar`) go in as stdin to a temporary name beside the destination;
-//!   the machine checks their SHA-256 against the one computed here, sets
-//!   the mode, and renames (a directory is unpacked under a temporary
-//!   name and renamed);
-//! - down: the machine says the file's mode and SHA-256 on stderr and
-//!   sends its bytes (a directory: a tar it made, hashed first); they go
-//!   to a temporary name here, are checked, and renamed.
+//!   `tar`) go in as stdin to a temporary name beside the destination,
+//!   hashed as they are written (tee to a FIFO: no second read); the
+//!   machine checks their SHA-256 against the one computed here, sets the
+//!   mode, and renames (a directory is unpacked under a temporary name
+//!   and renamed);
+//! - down: the machine sends the file's bytes (a directory: a tar it
+//!   made), hashing them as they go, then says its mode and SHA-256 on
+//!   stderr; they go to a temporary name here, are checked, and renamed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -56,20 +57,23 @@ dst=$1
 if [ -d "$dst" ]; then dst="${dst%/}/$4"; fi
 parent=$(dirname -- "$dst")
 [ -d "$parent" ] || { echo "byom cp: no directory $parent on this machine" >&2; exit 66; }
-tmp=$(mktemp "$parent/.byom-cp.XXXXXX")
-trap 'rm -f -- "$tmp"' EXIT
-cat > "$tmp"
-sum=$( (sha256sum 2>/dev/null || shasum -a 256) < "$tmp" | cut -d' ' -f1)
+w=$(mktemp -d "$parent/.byom-cp.XXXXXX")
+trap 'rm -f -- "$w/data" "$w/fifo" "$w/sum"; rmdir -- "$w" 2>/dev/null || true' EXIT
+mkfifo -m 600 "$w/fifo"
+{ sha256sum 2>/dev/null || shasum -a 256; } < "$w/fifo" > "$w/sum" &
+tee -- "$w/fifo" > "$w/data"
+wait
+sum=$(cut -d' ' -f1 < "$w/sum")
 if [ "$sum" != "$3" ]; then echo "byom cp: the bytes that arrived differ (sha256 $sum, sent $3)" >&2; exit 65; fi
 if [ "$5" = dir ]; then
   [ ! -e "$dst" ] || { echo "byom cp: $dst exists on this machine" >&2; exit 73; }
-  d=$(mktemp -d "$parent/.byom-cp.XXXXXX")
-  tar xf "$tmp" -C "$d" || { echo "byom cp: unpacking failed; what was unpacked is in $d" >&2; exit 74; }
-  mv -- "$d/$4" "$dst"
-  rmdir -- "$d"
+  mkdir -- "$w/d"
+  tar xf "$w/data" -C "$w/d" || { echo "byom cp: unpacking failed; what was unpacked is in $w/d" >&2; exit 74; }
+  mv -- "$w/d/$4" "$dst"
+  rmdir -- "$w/d"
 else
-  chmod "$2" "$tmp"
-  mv -f -- "$tmp" "$dst"
+  chmod "$2" "$w/data"
+  mv -f -- "$w/data" "$dst"
 fi
 echo "$dst"
 "#;
@@ -78,21 +82,23 @@ echo "$dst"
 /// directory): a header line on stderr, then the bytes on stdout.
 const SEND: &str = r#"set -e
 src=$1
+w=$(mktemp -d)
+trap 'rm -f -- "$w/tar" "$w/fifo" "$w/sum"; rmdir -- "$w" 2>/dev/null || true' EXIT
 if [ "$2" = dir ]; then
   [ -d "$src" ] || { echo "byom cp: $src is not a directory on this machine" >&2; exit 66; }
-  t=$(mktemp)
-  trap 'rm -f -- "$t"' EXIT
-  tar cf "$t" -C "$(dirname -- "$src")" -- "$(basename -- "$src")"
-  src=$t
+  tar cf "$w/tar" -C "$(dirname -- "$src")" -- "$(basename -- "$src")"
+  src=$w/tar
   mode=755
 else
   if [ -d "$src" ]; then echo "byom cp: $src is a directory on this machine (use -r)" >&2; exit 66; fi
   [ -f "$src" ] || { echo "byom cp: no file $src on this machine" >&2; exit 66; }
   mode=$(stat -c %a -- "$src" 2>/dev/null || stat -f %Lp -- "$src")
 fi
-sum=$( (sha256sum 2>/dev/null || shasum -a 256) < "$src" | cut -d' ' -f1)
-printf 'byom-cp %s %s\n' "$mode" "$sum" >&2
-cat -- "$src"
+mkfifo -m 600 "$w/fifo"
+{ sha256sum 2>/dev/null || shasum -a 256; } < "$w/fifo" > "$w/sum" &
+tee -- "$w/fifo" < "$src"
+wait
+printf 'byom-cp %s %s\n' "$mode" "$(cut -d' ' -f1 < "$w/sum")" >&2
 "#;
 
 pub async fn run(c: &mut Client, a: CpArgs) -> anyhow::Result<i32> {
