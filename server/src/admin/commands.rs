@@ -299,6 +299,9 @@ impl Api {
             api.commands.unsubscribed(&id);
             if attached {
                 api.commands.detach_output(&id);
+                // A command that ended before it started (expired in the
+                // queue, cancelled) never took its stdin stream.
+                drop(api.commands.take_stdin(&id));
             }
         });
         Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))

@@ -73,7 +73,27 @@ async fn drive(
     live: &LiveMachine,
     cmd: pb::Command,
     mode: Mode,
+    cancel_rx: mpsc::Receiver<String>,
+) -> anyhow::Result<()> {
+    let mut keeper = crate::commands::Keeper::new(&gw.store, &cmd.id, gw.commands.output_keep())?;
+    let id = cmd.id.clone();
+    let r = drive_with(gw, live, cmd, mode, cancel_rx, &mut keeper).await;
+    // However the stream ended (a network blip, say), the tail held here
+    // was acknowledged to the daemon: it goes to the store now.
+    if let Err(e) = gw.commands.write_tail(&id, &mut keeper, true) {
+        tracing::warn!(cmd = %id, "cannot store the output's tail: {e}");
+    }
+    let _ = gw.store.flush_async().await;
+    r
+}
+
+async fn drive_with(
+    gw: &Gateway,
+    live: &LiveMachine,
+    cmd: pb::Command,
+    mode: Mode,
     mut cancel_rx: mpsc::Receiver<String>,
+    keeper: &mut crate::commands::Keeper,
 ) -> anyhow::Result<()> {
     let (mut send, recv) = live.conn.open_bi().await?;
     let first = match mode {
@@ -104,7 +124,6 @@ async fn drive(
     }
     let id = cmd.id.clone();
     let commands = &gw.commands;
-    let mut keeper = crate::commands::Keeper::new(&gw.store, &id, commands.output_keep())?;
     let mut running = cmd.state() == CommandState::Running;
     // Output received (and taken) up to here, acknowledged every
     // `OUTPUT_ACK_BYTES` so the daemon's window moves on.
@@ -136,7 +155,7 @@ async fn drive(
                 continue;
             }
             _ = tail_timer.tick() => {
-                commands.write_tail(&id, &mut keeper, false)?;
+                commands.write_tail(&id, keeper, false)?;
                 continue;
             }
             Some(r) = next_resize(&mut resizes) => {
@@ -178,7 +197,7 @@ async fn drive(
                 }
                 // May wait for the attached client; a cancel meanwhile
                 // still goes out.
-                let took = commands.output(&id, &o, &mut running, &mut keeper);
+                let took = commands.output(&id, &o, &mut running, keeper);
                 tokio::pin!(took);
                 loop {
                     tokio::select! {
@@ -204,7 +223,7 @@ async fn drive(
                 }
             }
             Some(to_server::Msg::Exit(x)) => {
-                commands.write_tail(&id, &mut keeper, true)?;
+                commands.write_tail(&id, keeper, true)?;
                 // Durable before the daemon may forget the result.
                 commands.exited(&id, &x, Some(live)).await?;
                 let ack = ToDaemon {
