@@ -81,7 +81,7 @@ pub async fn run_command(
     let call = || {
         let (mut c, req) = (client.clone(), req.clone());
         async move {
-            let mut stream = match c.run_command(req.clone()).await {
+            let stream = match c.run_command(req.clone()).await {
                 Ok(s) => s.into_inner(),
                 // A server from before RunCommand: the same in two calls.
                 Err(e) if e.code() == tonic::Code::Unimplemented => {
@@ -103,14 +103,7 @@ pub async fn run_command(
                 }
                 Err(e) => return Err(e),
             };
-            match stream.message().await? {
-                Some(pb::CommandEvent {
-                    event: Some(Event::State(command)),
-                }) => Ok(Run { command, stream }),
-                _ => Err(tonic::Status::unavailable(
-                    "the server ended the run before naming the command",
-                )),
-            }
+            Run::started(stream).await
         }
     };
     if once {
@@ -152,21 +145,27 @@ pub async fn exec_stream(
         ..Default::default()
     };
     let mut c = client.clone();
-    let mut stream = c
+    let stream = c
         .exec(tokio_stream::once(first).chain(rest))
         .await?
         .into_inner();
-    match stream.message().await? {
-        Some(pb::CommandEvent {
-            event: Some(Event::State(command)),
-        }) => Ok(Run { command, stream }),
-        _ => Err(tonic::Status::unavailable(
-            "the server ended the run before naming the command",
-        )),
-    }
+    Run::started(stream).await
 }
 
 impl Run {
+    /// A run whose first event, the created command, is read from
+    /// `stream`.
+    async fn started(mut stream: tonic::Streaming<pb::CommandEvent>) -> Result<Run, tonic::Status> {
+        match stream.message().await? {
+            Some(pb::CommandEvent {
+                event: Some(Event::State(command)),
+            }) => Ok(Run { command, stream }),
+            _ => Err(tonic::Status::unavailable(
+                "the server ended the run before naming the command",
+            )),
+        }
+    }
+
     /// Follows the command to its end as [`watch_to_end`] does; `on` sees
     /// the record as created first.
     pub async fn to_end(

@@ -21,6 +21,25 @@ fn total() -> u64 {
         << 20
 }
 
+/// `byom ARGS` with stdin, stdout and stderr piped to this test.
+fn piped(server: &Server, args: &[&str]) -> std::process::Child {
+    server
+        .byom_cmd(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The first command the server lists as running, once there is one.
+fn the_running_command(server: &Server) -> serde_json::Value {
+    wait_for("the command running", T, || {
+        let v = server.json(&["commands", "ls", "--state", "running"]);
+        v.as_array().and_then(|a| a.first().cloned())
+    })
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
@@ -189,10 +208,7 @@ fn a_slow_reader_slows_the_command_and_the_store_keeps_head_and_tail() {
         .spawn()
         .unwrap();
     // Nobody reads: the command cannot finish.
-    let running = wait_for("the command running", T, || {
-        let v = server.json(&["commands", "ls", "--state", "running"]);
-        v.as_array().and_then(|a| a.first().cloned())
-    });
+    let running = the_running_command(&server);
     std::thread::sleep(Duration::from_secs(3));
     let id = running["id"].as_str().unwrap().to_string();
     assert_eq!(
@@ -239,20 +255,14 @@ fn a_slow_reader_slows_the_command_and_the_store_keeps_head_and_tail() {
 #[test]
 fn a_client_gone_mid_stdin_cuts_it_and_the_record_says_so() {
     let (_dir, server, _d) = Server::with_lap(&[], &[]);
-    let mut child = server
-        .byom_cmd(&["exec", "lap", "--sh", "wc -c; echo stdin ended >&2"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = piped(
+        &server,
+        &["exec", "lap", "--sh", "wc -c; echo stdin ended >&2"],
+    );
     let mut input = child.stdin.take().unwrap();
     // More than a request carries: it streams.
     input.write_all(&vec![b'x'; 2 << 20]).unwrap();
-    let running = wait_for("the command running", T, || {
-        let v = server.json(&["commands", "ls", "--state", "running"]);
-        v.as_array().and_then(|a| a.first().cloned())
-    });
+    let running = the_running_command(&server);
     let id = running["id"].as_str().unwrap().to_string();
     std::thread::sleep(Duration::from_millis(500));
     child.kill().unwrap();
@@ -274,13 +284,7 @@ fn a_client_gone_mid_stdin_cuts_it_and_the_record_says_so() {
 #[test]
 fn stdin_from_a_slow_producer_streams_to_its_end() {
     let (_dir, server, _d) = Server::with_lap(&[], &[]);
-    let mut child = server
-        .byom_cmd(&["exec", "lap", "wc", "-c"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = piped(&server, &["exec", "lap", "wc", "-c"]);
     let mut input = child.stdin.take().unwrap();
     for _ in 0..5 {
         input.write_all(b"tick\n").unwrap();
