@@ -27,8 +27,9 @@ mod doctor;
 mod transport;
 use commands::accept_streams;
 pub use doctor::{doctor, Check};
+pub(crate) use transport::closed_for_good;
 use transport::{
-    closed_for_good, connect_quic, connect_tcp, quic_probe_interval, revoked, QuicFail, Transport,
+    connect_quic, connect_tcp, quic_probe_interval, revoked, QuicFail, Transport,
     QUIC_FALLBACK_AFTER,
 };
 

@@ -6,8 +6,6 @@
 
 use std::path::Path;
 
-use byom_protocol::close;
-
 use crate::identity::Identity;
 
 /// How unpairing went on the server's side.
@@ -40,31 +38,17 @@ pub async fn deregister(dir: &Path, id: &Identity) -> anyhow::Result<Unpaired> {
 }
 
 /// Whether a connection's end says the server is done with this machine,
-/// and how to say it: its application close codes, or the TLS alert its
-/// certificate verifier sends for a revoked certificate (44) or one its CA
-/// did not issue (48, a server whose data was reset).
+/// and how to say it: what ends a running daemon's connection for good
+/// (its close codes, a revoked certificate's alert), and also the alert
+/// for a certificate its CA did not issue (48, a server whose data was
+/// reset), which a running daemon retries but unpairing need not.
 fn gone(e: &quinn::ConnectionError) -> Option<String> {
-    match e {
-        quinn::ConnectionError::ApplicationClosed(c) => {
-            let code = c.error_code.into_inner();
-            if code == u64::from(close::REVOKED) {
-                Some("the server had already revoked this machine".into())
-            } else if code == u64::from(close::UNKNOWN_MACHINE) {
-                Some("the server does not know this machine (any more)".into())
-            } else {
-                None
-            }
-        }
-        quinn::ConnectionError::ConnectionClosed(c)
-            if c.error_code == quinn::TransportErrorCode::crypto(44) =>
-        {
-            Some("the server had already revoked this machine's certificate".into())
-        }
+    crate::conn::closed_for_good(e).or_else(|| match e {
         quinn::ConnectionError::ConnectionClosed(c)
             if c.error_code == quinn::TransportErrorCode::crypto(48) =>
         {
             Some("the server does not recognise this machine's certificate (its CA did not issue it)".into())
         }
         _ => None,
-    }
+    })
 }

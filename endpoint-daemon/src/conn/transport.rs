@@ -108,7 +108,7 @@ pub(super) fn revoked(conn: &quinn::Connection) -> Option<String> {
     conn.close_reason().as_ref().and_then(closed_for_good)
 }
 
-pub(super) fn closed_for_good(e: &quinn::ConnectionError) -> Option<String> {
+pub(crate) fn closed_for_good(e: &quinn::ConnectionError) -> Option<String> {
     match e {
         quinn::ConnectionError::ApplicationClosed(c) => {
             let reason = String::from_utf8_lossy(&c.reason).into_owned();
