@@ -234,8 +234,10 @@ fn a_slow_reader_slows_the_command_and_the_store_keeps_head_and_tail() {
     let c = server.wait_done(&id, T);
     assert_eq!(c["stdout_bytes"], total);
     let elided = c["stdout_elided"].as_u64().unwrap();
+    // At least the head and the tail are kept (exactly 2 MiB when the
+    // chunks fall on the boundaries), less than a chunk more of each.
     assert!(
-        elided > total - (3 << 20) && elided < total - (2 << 20),
+        elided > total - (3 << 20) && elided <= total - (2 << 20),
         "the store kept {} of {total} bytes, not its 1 MiB head and 1 MiB tail",
         total - elided
     );
