@@ -325,7 +325,8 @@ pub async fn serve(
     }
 }
 
-/// Plain HTTP from another machine: told to use HTTPS, nothing read.
+/// Plain HTTP from another machine: told to use HTTPS; the request is
+/// never parsed.
 async fn refuse_plain(mut tcp: tokio::net::TcpStream) {
     use tokio::io::AsyncWriteExt;
     let body =
@@ -334,8 +335,36 @@ async fn refuse_plain(mut tcp: tokio::net::TcpStream) {
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let _ = tokio::time::timeout(HEADER_TIMEOUT, tcp.write_all(resp.as_bytes())).await;
+    if !matches!(
+        tokio::time::timeout(HEADER_TIMEOUT, tcp.write_all(resp.as_bytes())).await,
+        Ok(Ok(()))
+    ) {
+        return;
+    }
+    // A lingering close, as Apache and nginx do: closing with the
+    // client's request still unread makes the kernel send a reset, which
+    // can reach the client before our answer and hide it. So end our side
+    // with a FIN and read (and discard) what the client is still sending,
+    // bounded in bytes and time so a stranger cannot hold the slot.
+    let _ = tcp.shutdown().await;
+    let linger = async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIME, linger).await;
 }
+
+/// How much of a refused plain request is read and thrown away before the
+/// socket closes, and for how long (see [`refuse_plain`]).
+const LINGER_BYTES: usize = 64 * 1024;
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn serve_http<I>(hooks: Hooks, io: TokioIo<I>, ticket: Arc<crate::gate::Ticket>)
 where

@@ -291,6 +291,22 @@ fn the_webhook_port_speaks_tls() {
     let (st, v) = webhook_post(outside, "/hooks/ci", Some(&byom_headers(&key, b4)), b4);
     assert_eq!(st, 400, "{v}");
     assert!(v.contains("https://"), "{v}");
+    // A client still sending when the refusal comes reads it, not a reset:
+    // the port closes gracefully (a lingering close), whatever is unread.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(outside).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"POST /hooks/ci HTTP/1.1\r\nHost: x\r\nContent-Length: 50000\r\n\r\n")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        s.write_all(&[b'x'; 50_000])
+            .expect("the body sent after the refusal is read, not reset");
+        let mut out = String::new();
+        s.read_to_string(&mut out)
+            .expect("the refusal, then an orderly close");
+        assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    }
     let texts: Vec<String> = server
         .json(&["events", "ls"])
         .as_array()
