@@ -42,6 +42,11 @@ pub struct TriggerInfo {
     /// answers an approval.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub claimed: bool,
+    /// The channel says it was written in a direct conversation with byom
+    /// (a Slack IM, a Matrix direct room): an approver's `approve CODE`
+    /// there answers a request asked on any thread.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub direct: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

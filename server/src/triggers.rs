@@ -114,6 +114,9 @@ pub struct Ingest<'a> {
     pub also_known_as: Option<String>,
     /// The admin who sent it through the API (`admin:NAME`).
     pub admin: Option<String>,
+    /// The connector read it in a direct conversation with byom (see
+    /// `Trigger.direct`). Only connectors set it: no API field reaches it.
+    pub direct: bool,
 }
 
 /// What ingest did.
@@ -175,6 +178,7 @@ pub fn info(t: &pb::Trigger) -> TriggerInfo {
         trust: t.trust.clone(),
         at_ms: t.created_at_ms,
         claimed: false,
+        direct: t.direct,
     }
 }
 
@@ -472,6 +476,7 @@ impl Triggers {
             link: clean(&ev.link, 2 * MAX_NAME),
             author_association: clean(&ev.author_association, 40),
             kind,
+            direct: opts.direct,
             ..Default::default()
         };
         t.principal = crate::trust::principal(&t.kind, &t.source, &t.user, opts.admin.as_deref());

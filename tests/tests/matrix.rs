@@ -424,6 +424,89 @@ fn an_approver_answers_with_a_reaction() {
     });
 }
 
+/// An approver may answer in a direct room with the bot (made with
+/// `is_direct`, as Matrix clients make DMs): `approve CODE` there approves
+/// the request asked in the team's room, which hears so.
+#[test]
+fn an_approver_answers_in_a_direct_room() {
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    let syn = Synapse::start(dir.path());
+    let m = matrix_room(&server, &syn, dir.path());
+    server.trust(&["approvers", "add", &format!("matrix:{}", m.ada_id)]);
+    let (st, v) = syn.api(
+        "POST",
+        "/createRoom",
+        &m.ada,
+        Some(json!({"is_direct": true, "invite": [m.bot], "preset": "trusted_private_chat"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let dm = v["room_id"].as_str().unwrap().to_string();
+    wait_for("the bot to join the direct room", T, || {
+        let (_, v) = syn.api(
+            "GET",
+            &format!("/rooms/{}/joined_members", enc(&dm)),
+            &m.ada,
+            None,
+        );
+        v["joined"].get(&m.bot).map(|_| ())
+    });
+    // A stranger asks in the team's room (as in the reaction test).
+    let (bob_id, bob) = syn.register("bob");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/rooms/{}/invite", enc(&m.room)),
+        &m.ada,
+        Some(json!({"user_id": bob_id})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/join/{}", enc(&m.room)),
+        &bob,
+        Some(json!({})),
+    );
+    assert_eq!(st, 200, "{v}");
+    syn.send(
+        &m.room,
+        &bob,
+        json!({"msgtype": "m.text", "body": "byom: please run `echo by-dm` on lap"}),
+    );
+    let said = |room: &str, what: &str| {
+        let (room, what) = (room.to_string(), what.to_string());
+        wait_for(&format!("the bot to say {what:?}"), T, || {
+            syn.messages(&room, &m.ada)
+                .into_iter()
+                .filter(|e| e["sender"] == m.bot.as_str())
+                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
+        })
+    };
+    let ask = said(&m.room, "echo by-dm");
+    let code = server
+        .json(&["approvals", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|a| a["code"].as_str().map(str::to_string))
+        .unwrap();
+    assert!(ask["content"]["body"].as_str().unwrap().contains(&code));
+    syn.send(
+        &dm,
+        &m.ada,
+        json!({"msgtype": "m.text", "body": format!("approve {code}")}),
+    );
+    said(&dm, "Approved by");
+    said(&m.room, "answered in a direct message");
+    wait_for("the approved command", T, || {
+        server
+            .json(&["commands", "ls"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["shell"] == "echo by-dm")
+            .then_some(())
+    });
+}
+
 /// A public room is read by anyone who joins, whoever has spoken: the
 /// laptop's output, asked for by a trusted member, waits for a yes there
 /// and the request does not show it.

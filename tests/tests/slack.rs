@@ -502,6 +502,107 @@ fn approvers_answer_with_a_button() {
     assert_eq!(a["by"], "slack:T0001/U0ADA", "{a}");
 }
 
+/// An approver may answer in their direct messages with the app (Slack's
+/// signed `channel_type: im`): the code names the request, the request's
+/// thread hears the outcome. A stranger's DM, and the approver's same words
+/// in another channel, are not answers.
+#[test]
+fn approvers_answer_in_a_direct_message() {
+    let api = slack_api();
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    server.trust(&["approvers", "add", "slack:T0001/U0ADA"]);
+    let out = add_connector(&server, dir.path(), &format!("{}/api", api.url()));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let thread_ts = "1700000000.000400";
+    let ask = callback(
+        "Ev04ASK",
+        message(
+            "C0OPS",
+            thread_ts,
+            "<@UBOT> please run `echo via-dm` on lap",
+            json!({"user": "U0MAL", "user_profile": {"display_name": "Mal", "name": "mal"}}),
+        ),
+    );
+    let (st, v) = signed(&server, &ask, now_s());
+    assert_eq!(st, 200, "{v}");
+    let request = wait_for("the request", T, || {
+        posts(&api)
+            .into_iter()
+            .map(|r| r.json())
+            .find(|b| b["blocks"][1]["elements"][0]["action_id"] == "byom_approve")
+    });
+    let code = request["blocks"][1]["elements"][0]["value"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let approval = || {
+        server
+            .json(&["approvals", "ls", "--all"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["code"] == code.as_str())
+            .cloned()
+            .unwrap()
+    };
+    let answer = format!("approve {code}");
+    let not_answers = [
+        ("Ev04MAL", "D0MAL", "1700000000.000401", "U0MAL", "im"),
+        (
+            "Ev04ELSE",
+            "C0ELSE",
+            "1700000000.000402",
+            "U0ADA",
+            "channel",
+        ),
+    ];
+    for (id, channel, ts, user, kind) in not_answers {
+        let ev = message(
+            channel,
+            ts,
+            &answer,
+            json!({"user": user, "channel_type": kind}),
+        );
+        let (st, v) = signed(&server, &callback(id, ev), now_s());
+        assert_eq!(st, 200, "{v}");
+        let id = v["trigger"].as_str().unwrap().to_string();
+        let became = wait_for("the answer judged", T, || {
+            let t = server.json(&["show", &id]);
+            let b = t["became"].as_str().unwrap_or("").to_string();
+            b.starts_with("not an answer").then_some(b)
+        });
+        assert!(
+            became.contains(if user == "U0MAL" {
+                "approver"
+            } else {
+                "thread"
+            }),
+            "{became}"
+        );
+    }
+    assert_eq!(approval()["state"], "open", "{}", approval());
+    let ev = message(
+        "D0ADA",
+        "1700000000.000403",
+        &answer,
+        json!({"user": "U0ADA", "channel_type": "im"}),
+    );
+    let (st, v) = signed(&server, &callback("Ev04ADA", ev), now_s());
+    assert_eq!(st, 200, "{v}");
+    let a = wait_for("the approver's DM", T, || {
+        let a = approval();
+        (a["state"] == "approved").then_some(a)
+    });
+    assert_eq!(a["by"], "slack:T0001/U0ADA", "{a}");
+    wait_for("the request's thread told", T, || {
+        posts(&api).into_iter().map(|r| r.json()).find(|b| {
+            b["channel"] == "C0OPS"
+                && b["thread_ts"] == thread_ts
+                && b["text"].as_str().unwrap_or("").contains("direct message")
+        })
+    });
+}
+
 /// A channel shared with another organisation is read by people outside
 /// the team: a trusted member's laptop output waits for a yes there, and
 /// the request does not show it.

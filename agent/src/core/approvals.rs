@@ -231,6 +231,12 @@ impl Core {
         };
         let verb = if ans.approve { "approved" } else { "denied" };
         let kind = a.as_ref().map(|a| a.kind).unwrap_or_default();
+        // Where the request was asked, when the answer came from elsewhere
+        // (a direct message): told there too.
+        let asked_on = a
+            .as_ref()
+            .map(|a| a.thread.clone())
+            .filter(|th| !th.is_empty() && *th != t.thread);
         let outcome = match a {
             None => Err(format!(
                 "there is no request with code {}; nothing was approved or denied",
@@ -242,8 +248,12 @@ impl Core {
                 a.code,
                 a.state.name()
             )),
-            Some(a) if a.thread.is_empty() || a.thread != t.thread => Err(format!(
-                "{} was not asked on this thread; answer it where it was asked, or with `byom approvals approve {}`",
+            // The code binds the answer to its request; the thread only
+            // keeps answers where the approver saw the question, or in
+            // their own direct conversation with byom (the channel says
+            // which: never a claim in the text).
+            Some(a) if !t.direct && (a.thread.is_empty() || a.thread != t.thread) => Err(format!(
+                "{} was not asked on this thread; answer it where it was asked, in a direct message to byom, or with `byom approvals approve {}`",
                 a.id, a.id
             )),
             Some(a) if t.claimed => Err(format!(
@@ -264,6 +274,7 @@ impl Core {
                 )
                 .map(|()| a.id.clone()),
         };
+        let answered = outcome.is_ok();
         let (fate, text) = match outcome {
             Ok(apr) => (
                 format!("{verb} {apr} (by {})", t.user),
@@ -286,12 +297,18 @@ impl Core {
             ),
         };
         self.fate(&t.id, fate);
-        if let Ok(mut r) = self.reply(world, &t.thread, &text, "approval") {
-            // It names its author (a display name they chose).
-            if !t.trusted {
-                r.untrusted = Some(format!("answers {}: {}", t.id, t.trust));
+        let mut threads = vec![(t.thread.clone(), text.clone())];
+        if let (true, Some(th)) = (answered, asked_on) {
+            threads.push((th, format!("{text} (answered in a direct message)")));
+        }
+        for (thread, text) in threads {
+            if let Ok(mut r) = self.reply(world, &thread, &text, "approval") {
+                // It names its author (a display name they chose).
+                if !t.trusted {
+                    r.untrusted = Some(format!("answers {}: {}", t.id, t.trust));
+                }
+                self.out.push(Effect::Reply(r));
             }
-            self.out.push(Effect::Reply(r));
         }
     }
 

@@ -181,5 +181,6 @@ fn parse_trigger_lookup(id: &str, text: &str) -> Option<TriggerInfo> {
         // Whatever it said when it arrived, a bounced message is not an
         // answer now.
         claimed: true,
+        direct: false,
     })
 }

@@ -895,6 +895,12 @@ pub struct Trigger {
     /// admin who sent it through the API under a plain name.
     #[prost(string, tag = "20")]
     pub principal: ::prost::alloc::string::String,
+    /// The channel itself says this is a direct conversation between its
+    /// author and byom (a Slack IM, a Matrix room created as direct): set by
+    /// the connector, never from the API. An approver may answer requests
+    /// from any thread there (`approve CODE`).
+    #[prost(bool, tag = "21")]
+    pub direct: bool,
 }
 /// A conversation on a channel; triggers belong to one.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -413,7 +413,11 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
                         continue;
                     };
                     t.mention |= dm || me.named_in(&t.text) || replies_to_bot(&ch, &c.name, &t);
-                    if let Err(e) = ch.triggers.ingest_with(t, Ingest::default()).await {
+                    let opts = Ingest {
+                        direct: dm,
+                        ..Ingest::default()
+                    };
+                    if let Err(e) = ch.triggers.ingest_with(t, opts).await {
                         // The since token is not advanced: the batch comes
                         // again and what was stored is recognised.
                         tracing::warn!(connector = c.name, "cannot store a message: {e}");

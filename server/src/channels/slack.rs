@@ -301,7 +301,14 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
             ev.author_association = membership(ch, c, u).await;
         }
     }
-    match ch.triggers.ingest_with(ev, Ingest::default()).await {
+    // Slack's signed payload says it is an IM with the app: where an
+    // approver may answer any request.
+    let direct = v["event"]["channel_type"] == "im";
+    let opts = Ingest {
+        direct,
+        ..Ingest::default()
+    };
+    match ch.triggers.ingest_with(ev, opts).await {
         Ok(Ingested::New(t)) => (200, json!({"trigger": t.id})),
         Ok(Ingested::Duplicate(t)) => (200, json!({"trigger": t.id, "duplicate": true})),
         // Slack retries a 5xx: nothing is lost.

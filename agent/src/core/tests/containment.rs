@@ -182,6 +182,108 @@ fn only_an_approvers_explicit_act_approves() {
         .any(|r| r.text.contains("already approved")));
 }
 
+/// A stranger's `git push` on lap, held: the core's request and its code.
+fn held_push(core: &mut Core, w: &mut TestWorld) -> (String, String) {
+    w.now = 1_000;
+    let fx = core.step(
+        w,
+        said(
+            "trg_1",
+            "thr_1",
+            "github:mallory",
+            "run `git push` on lap",
+            1_000,
+        ),
+    );
+    let (session, turn, _) = model_call(&fx).unwrap();
+    core.step(
+        w,
+        Event::ModelDone {
+            session,
+            turn,
+            result: Ok(reply_with(vec![(
+                "create_worker",
+                json!({"task": "push", "threads": ["thr_1"], "machine": "lap"}),
+            )])),
+        },
+    );
+    let wid = core.workers().keys().next().unwrap().clone();
+    w.now = 2_000;
+    let fx = worker_step(
+        core,
+        w,
+        &wid,
+        vec![(
+            "shell_start",
+            json!({"command": "git push", "machine": "lap"}),
+        )],
+    );
+    assert_eq!(starts(&fx), 0, "held");
+    let a = core.approvals().values().next().unwrap().clone();
+    (a.id, a.code)
+}
+
+/// An approver may answer in their direct conversation with byom (the
+/// channel says it is one, never the text): the code binds the answer, and
+/// the request's own thread hears the outcome. Everything else about an
+/// answer still holds there: only an approver, only after the request,
+/// only the channel's own flag (a message on another, shared thread is
+/// not an answer).
+#[test]
+fn an_approver_may_answer_in_a_direct_message() {
+    let mut core = Core::new(Budgets::default());
+    let mut w = TestWorld::new();
+    let (apr, code) = held_push(&mut core, &mut w);
+    let dm = |id: &str, user: &str, text: &str, at_ms: u64| {
+        let Event::Trigger(mut t) = said(id, "thr_dm", user, text, at_ms) else {
+            unreachable!()
+        };
+        t.direct = true;
+        Event::Trigger(t)
+    };
+    w.now = 3_000;
+    for (ev, what) in [
+        (
+            dm("trg_2", "github:mallory", &format!("approve {code}"), 3_000),
+            "a stranger's DM",
+        ),
+        (
+            dm("trg_3", "admin:ada", &format!("approve {code}"), 1_500),
+            "a DM older than the request",
+        ),
+        (
+            said(
+                "trg_4",
+                "thr_9",
+                "admin:ada",
+                &format!("approve {code}"),
+                3_000,
+            ),
+            "another shared thread",
+        ),
+    ] {
+        let fx = core.step(&mut w, ev);
+        assert_eq!(starts(&fx), 0, "{what}");
+        assert_eq!(core.approvals()[&apr].state, ApprovalState::Open, "{what}");
+    }
+    let fx = core.step(
+        &mut w,
+        dm("trg_5", "admin:ada", &format!("approve {code}"), 3_000),
+    );
+    assert_eq!(starts(&fx), 1, "{fx:?}");
+    assert_eq!(core.approvals()[&apr].state, ApprovalState::Approved);
+    let told: Vec<String> = replies(&fx).into_iter().map(|r| r.thread).collect();
+    assert!(
+        told.iter().any(|t| t == "thr_dm") && told.iter().any(|t| t == "thr_1"),
+        "the approver and the request's thread both hear it: {told:?}"
+    );
+    let fx = core.step(
+        &mut w,
+        dm("trg_6", "admin:ada", &format!("approve {code}"), 4_000),
+    );
+    assert_eq!(starts(&fx), 0, "once");
+}
+
 /// Requests expire as a "no": the held command is denied, never run.
 #[test]
 fn an_unanswered_request_expires_as_a_no() {
