@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use byom_store::{Space, Store};
+use byom_store::{Space, Store, StoreError};
 
 /// How often a replica says it is alive, and how long that holds.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -215,6 +215,29 @@ impl Cluster {
             return false;
         };
         replica != self.replica && self.alive(replica)
+    }
+
+    /// The machines whose connections other live replicas hold, from two
+    /// reads (for metrics: one look per scrape, not one per machine).
+    pub fn present_elsewhere(&self) -> Result<std::collections::HashSet<String>, StoreError> {
+        let Some(s) = &self.store else {
+            return Ok(Default::default());
+        };
+        let now = byom_wire::now_ms();
+        let alive: std::collections::HashSet<String> = s
+            .scan_prefix(Space::Replicas, "", MAX_REPLICAS)?
+            .into_iter()
+            .filter(|(r, v)| *r != self.replica && beat(v).0 > now)
+            .map(|(r, _)| r)
+            .collect();
+        Ok(s.scan_prefix(Space::Presence, "", byom_store::MAX_LIST)?
+            .into_iter()
+            .filter(|(_, v)| {
+                let v = String::from_utf8_lossy(v);
+                v.split_once(' ').is_some_and(|(r, _)| alive.contains(r))
+            })
+            .map(|(m, _)| m)
+            .collect())
     }
 
     /// Whether `replica`'s heartbeat has not expired.

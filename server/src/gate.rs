@@ -24,6 +24,8 @@ pub enum Refused {
 }
 
 pub struct Gate {
+    /// Its label in metrics (`quic`, `tunnel`, `api`, `webhook`, `metrics`).
+    name: &'static str,
     what: &'static str,
     total: usize,
     per_address: usize,
@@ -67,8 +69,14 @@ pub struct Ticket {
 }
 
 impl Gate {
-    pub fn new(what: &'static str, total: usize, per_address: usize) -> Arc<Gate> {
+    pub fn new(
+        name: &'static str,
+        what: &'static str,
+        total: usize,
+        per_address: usize,
+    ) -> Arc<Gate> {
         Arc::new(Gate {
+            name,
             what,
             total: total.max(1),
             per_address: per_address.max(1),
@@ -84,12 +92,15 @@ impl Gate {
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Ticket, Refused> {
         let mut i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if i.per_ip.get(&ip).copied().unwrap_or(0) >= self.per_address {
+            crate::metrics::gate_refused(self.name, "per_address");
             return Err(Refused::PerAddress);
         }
         if i.held >= self.total {
             let Some((_, (old_ip, token))) = i.unfinished.pop_first() else {
+                crate::metrics::gate_refused(self.name, "full");
                 return Err(Refused::Full);
             };
+            crate::metrics::gate_refused(self.name, "evicted");
             // Uncounted now; its holder sees the token and hangs up.
             token.cancel();
             i.release(old_ip, true);
@@ -263,21 +274,25 @@ impl Gates {
         let share = (open_files.saturating_sub(RESERVED_FILES) / 3).max(16) as usize;
         Gates {
             quic: Gate::new(
+                "quic",
                 "QUIC handshakes",
                 MAX_QUIC_HANDSHAKES,
                 MAX_QUIC_HANDSHAKES_PER_ADDRESS,
             ),
             tunnels: Gate::new(
+                "tunnel",
                 "TCP fallback tunnels",
                 MAX_TUNNELS.min(share),
                 MAX_TUNNELS_PER_ADDRESS,
             ),
             api: Gate::new(
+                "api",
                 "admin API connections",
                 MAX_API_CONNECTIONS.min(share),
                 MAX_API_CONNECTIONS_PER_ADDRESS,
             ),
             webhooks: Gate::new(
+                "webhook",
                 "webhook connections",
                 MAX_WEBHOOK_CONNECTIONS.min(share),
                 MAX_WEBHOOK_CONNECTIONS_PER_ADDRESS,
@@ -300,7 +315,7 @@ mod tests {
 
     #[test]
     fn per_address_and_total_limits() {
-        let g = Gate::new("t", 4, 2);
+        let g = Gate::new("t", "t", 4, 2);
         let a1 = g.admit(ip(1)).unwrap();
         let _a2 = g.admit(ip(1)).unwrap();
         assert_eq!(g.admit(ip(1)).err(), Some(Refused::PerAddress));
@@ -311,7 +326,7 @@ mod tests {
 
     #[test]
     fn established_connections_leave_their_address_free_but_count_in_all() {
-        let g = Gate::new("t", 4, 2);
+        let g = Gate::new("t", "t", 4, 2);
         let a = g.admit(ip(1)).unwrap();
         let b = g.admit(ip(1)).unwrap();
         assert_eq!(g.admit(ip(1)).err(), Some(Refused::PerAddress));
@@ -330,7 +345,7 @@ mod tests {
 
     #[test]
     fn when_full_the_oldest_unfinished_makes_room() {
-        let g = Gate::new("t", 3, 3);
+        let g = Gate::new("t", "t", 3, 3);
         let old = g.admit(ip(2)).unwrap();
         let done = g.admit(ip(2)).unwrap();
         done.established();

@@ -14,10 +14,13 @@
 //! [`triggers::Triggers`], [`agents::AgentInbox`], the server identity, a
 //! cancellation token), never one shared state.
 //!
+//! Its own health shows in [`metrics`] (counted as things happen) and
+//! [`monitor`] (`/metrics`, `/healthz`, `/readyz`).
+//!
 //! Public: [`run`] with its options, [`ServerInfo`] (the `server.json` it
-//! writes), [`migrate_store`] (`byom store migrate`), and
-//! [`SandboxPrograms`] for running the agents' simulator with the real
-//! interpreter.
+//! writes), [`MetricsListen`] (where `/metrics` is served),
+//! [`migrate_store`] (`byom store migrate`), and [`SandboxPrograms`] for
+//! running the agents' simulator with the real interpreter.
 
 mod admin;
 mod admins;
@@ -34,8 +37,10 @@ mod idempotency;
 mod identity;
 mod live;
 mod machines;
+mod metrics;
 mod migrate;
 mod model;
+mod monitor;
 mod pki;
 mod replicas;
 mod startup;
@@ -48,6 +53,7 @@ mod webhook;
 pub use agents::programs::SandboxPrograms;
 pub use commands::OutputKeep;
 pub use migrate::{migrate as migrate_store, MigrateReport};
+pub use monitor::Listen as MetricsListen;
 pub use startup::{redact_url, run, ModelOptions, ServerInfo, ServerOptions};
 
 /// Trigger ingest exactly as the server runs it, over a store the caller

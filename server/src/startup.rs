@@ -64,6 +64,10 @@ pub struct ServerOptions {
     pub store: Option<String>,
     /// The key a shared store's secrets are sealed with.
     pub store_key_file: Option<PathBuf>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (plain HTTP):
+    /// beside the admin API on its port by default (see [`crate::monitor`]
+    /// for why), on a port of their own, or nowhere.
+    pub listen_metrics: crate::monitor::Listen,
     pub models: ModelOptions,
 }
 
@@ -75,6 +79,10 @@ pub struct ServerInfo {
     pub tcp_addr: String,
     pub webhook_addr: String,
     pub api_addr: String,
+    /// Where `/metrics` is served in plain HTTP (the API's address by
+    /// default); empty when it is not.
+    #[serde(default)]
+    pub metrics_addr: String,
     pub public_addr: String,
     pub ca_sha256: String,
     pub pid: u32,
@@ -104,6 +112,8 @@ struct Bound {
     tcp: tokio::net::TcpListener,
     api: tokio::net::TcpListener,
     webhook: tokio::net::TcpListener,
+    /// `--listen-metrics ADDR`'s port.
+    metrics: Option<tokio::net::TcpListener>,
 }
 
 async fn bind(opts: &ServerOptions) -> anyhow::Result<Bound> {
@@ -154,11 +164,20 @@ async fn bind(opts: &ServerOptions) -> anyhow::Result<Bound> {
     let webhook = tokio::net::TcpListener::bind(opts.listen_webhook)
         .await
         .with_context(|| format!("cannot bind webhooks on {}", opts.listen_webhook))?;
+    let metrics = match opts.listen_metrics {
+        crate::monitor::Listen::Addr(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot bind metrics on {a}"))?,
+        ),
+        _ => None,
+    };
     Ok(Bound {
         quic,
         tcp,
         api,
         webhook,
+        metrics,
     })
 }
 
@@ -275,6 +294,11 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     let tcp_addr = bound.tcp.local_addr()?;
     let api_addr = bound.api.local_addr()?;
     let webhook_addr = bound.webhook.local_addr()?;
+    let metrics_addr = match (&bound.metrics, opts.listen_metrics) {
+        (Some(l), _) => l.local_addr()?.to_string(),
+        (None, crate::monitor::Listen::Admin) => api_addr.to_string(),
+        (None, _) => String::new(),
+    };
     let webhook_key = vault.key(crate::vault::WEBHOOK_KEY)?;
     if matches!(vault, Vault::Sealed { .. }) {
         // For the operator, like the admin credentials: the key webhook
@@ -299,6 +323,8 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         tracing::info!(replica = %cluster.replica, "one of the replicas sharing the store");
     }
     let live = Arc::new(LiveMachines::new(cluster.clone()));
+    // Before any work flows: the store tells it what it counts.
+    let monitor = crate::monitor::Monitor::new(store.clone(), live.clone(), cluster.clone());
     let commands = Commands::new(
         store.clone(),
         live.clone(),
@@ -359,6 +385,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         tcp_addr: tcp_addr.to_string(),
         webhook_addr: webhook_addr.to_string(),
         api_addr: api_addr.to_string(),
+        metrics_addr,
         public_addr: identity.public_addr.clone(),
         ca_sha256: byom_wire::hex(&identity.pki.ca_sha256),
         pid: std::process::id(),
@@ -450,11 +477,15 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         shutdown: shutdown.clone(),
         channels: channels.clone(),
     };
+    let metrics_task = bound
+        .metrics
+        .map(|l| tokio::spawn(monitor.clone().serve(l, shutdown.clone())));
     let api = tokio::spawn(crate::admin::serve(
         api,
         bound.api,
         api_tls,
         gates.api.clone(),
+        (opts.listen_metrics == crate::monitor::Listen::Admin).then_some(monitor),
     ));
     let sweeper = tokio::spawn(sweep(commands.clone(), idem, shutdown.clone()));
     let heartbeat = tokio::spawn(cluster.clone().heartbeat(shutdown.clone()));
@@ -492,6 +523,9 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     rules_watch.abort();
     supervisor.abort();
     gw_tcp.abort();
+    if let Some(m) = metrics_task {
+        m.abort();
+    }
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
         let _ = gw_quic.await;
         let _ = api.await;
@@ -614,8 +648,16 @@ fn next_steps(opts: &ServerOptions, info: &ServerInfo) {
             crate::model::describe(&worker)
         )
     };
+    let metrics = if info.metrics_addr.is_empty() {
+        "  metrics:  off (--listen-metrics ADDR serves them)".to_string()
+    } else {
+        format!(
+            "  metrics:  http://{}/metrics   health: /healthz, /readyz (plain HTTP)",
+            info.metrics_addr
+        )
+    };
     let text = format!(
-        "\nbyom server {} is up (pid {}, data dir {})\n  daemons:  {} (QUIC/UDP; TCP fallback {})\n  admin API: {}   webhooks: {}\n{model}\n\nAdmin credentials are in {}. In another shell:\n{point}\n  byom token create --name lap        # then on the laptop: byomd pair <token>\n  byom machines ls\n\n",
+        "\nbyom server {} is up (pid {}, data dir {})\n  daemons:  {} (QUIC/UDP; TCP fallback {})\n  admin API: {}   webhooks: {}\n{metrics}\n{model}\n\nAdmin credentials are in {}. In another shell:\n{point}\n  byom token create --name lap        # then on the laptop: byomd pair <token>\n  byom machines ls\n\n",
         info.version,
         info.pid,
         opts.data_dir.display(),

@@ -9,6 +9,7 @@ use byom_protocol::pb::{self, CommandState};
 use prost::Message;
 
 use crate::backend::{prefix_end, Guard, Op, Space};
+use crate::observe::Commit;
 use crate::{Result, Store, StoreError, MAX_LIST};
 
 fn pending_key(machine: &str, cmd: &str) -> Vec<u8> {
@@ -42,12 +43,13 @@ impl Store {
         // Counted under the lock the count is read under, so a count being
         // taken never misses or doubles this one.
         let mut counts = self.lock_counts();
-        self.kv.batch(&ops)?;
+        self.timed(Commit::Write, || self.kv.batch(&ops))?;
         if let Some(n) = counts.get_mut(&c.machine_id) {
             *n += 1;
         }
         drop(counts);
         self.remember(&c.id, c, &bytes);
+        self.observed_command(None, c);
         Ok(())
     }
 
@@ -130,9 +132,12 @@ impl Store {
     {
         // Set by the read-modify step, read by the write step.
         let ended = std::cell::Cell::new(false);
+        // The state the written record came from (the last attempt's).
+        let was = std::cell::Cell::new(CommandState::Unspecified);
         let shared = self.kv.is_shared();
         let check = |c: &mut pb::Command| {
             let from = c.state();
+            was.set(from);
             f(c)?;
             let to = c.state();
             ended.set(!from.is_terminal() && to.is_terminal());
@@ -163,14 +168,16 @@ impl Store {
                         Op::put(Space::Commands, id.as_bytes(), new),
                         Op::delete(Space::Pending, pending_key(&c.machine_id, id)),
                     ];
-                    self.kv.batch_if(&guard, &ops)?
+                    self.timed(Commit::Write, || self.kv.batch_if(&guard, &ops))?
                 } else {
-                    let done = self.kv.compare_and_swap(
-                        Space::Commands,
-                        id.as_bytes(),
-                        Some(old),
-                        Some(&new),
-                    )?;
+                    let done = self.timed(Commit::Write, || {
+                        self.kv.compare_and_swap(
+                            Space::Commands,
+                            id.as_bytes(),
+                            Some(old),
+                            Some(&new),
+                        )
+                    })?;
                     if done {
                         self.remember(id, c, &new);
                     }
@@ -182,6 +189,7 @@ impl Store {
         if ended.get() && !shared {
             self.unqueue(&c.machine_id, &c.id)?;
         }
+        self.observed_command(Some(was.get()), &c);
         Ok(c)
     }
 

@@ -20,7 +20,8 @@
 //! together.
 //!
 //! Key types: [`Store`], [`Backend`] ([`SledBackend`], [`PgBackend`]),
-//! [`Space`], [`Op`], [`Guard`], [`StoreError`].
+//! [`Space`], [`Op`], [`Guard`], [`StoreError`], and [`Observer`], which
+//! the owner may set to count command changes and commit times.
 
 mod backend;
 mod blobs;
@@ -28,6 +29,7 @@ mod channels;
 mod commands;
 mod idempotency;
 mod machines;
+mod observe;
 mod outbox;
 mod pg_backend;
 mod pg_tls;
@@ -48,6 +50,7 @@ use std::sync::Arc;
 use prost::Message;
 
 pub use backend::{Backend, Guard, Kv, Op, Space};
+pub use observe::{Commit, Observer};
 pub use pg_backend::PgBackend;
 pub use sled_backend::SledBackend;
 
@@ -115,6 +118,8 @@ pub struct Store {
     /// Machine name → the ID it last resolved to: a lookup then reads only
     /// the machine's record, which says whether the name still is its own.
     names: Arc<Memo<String>>,
+    /// Told of command changes and commit times (the server's metrics).
+    observer: Arc<std::sync::OnceLock<Arc<dyn Observer>>>,
 }
 
 /// A small memory keyed by ID, bounded in count (past it, it starts over):
@@ -185,6 +190,7 @@ impl Store {
             pending_counts: Arc::default(),
             recent: Arc::default(),
             names: Arc::default(),
+            observer: Arc::default(),
         }
     }
 
@@ -195,7 +201,7 @@ impl Store {
     /// Makes all prior writes durable. Blocking: call from a blocking context
     /// or via [`Store::flush_async`].
     pub fn flush(&self) -> Result<()> {
-        self.kv.flush()
+        self.timed(Commit::Flush, || self.kv.flush())
     }
 
     /// Makes all writes made before the call durable. Concurrent callers
@@ -236,7 +242,7 @@ impl Store {
                 })
             };
             if let Some(gen) = lead {
-                let r = blocking(|| flush_logged(self.kv.as_ref()));
+                let r = blocking(|| self.timed(Commit::Flush, || flush_logged(self.kv.as_ref())));
                 // Not running before announcing: a waiter woken by the
                 // announcement must find it can lead the next flush.
                 g.lock().running = false;
@@ -408,12 +414,12 @@ impl Store {
         if ops.is_empty() {
             return Ok(());
         }
-        self.kv.batch(ops)
+        self.timed(Commit::Write, || self.kv.batch(ops))
     }
 
     /// Applies writes atomically if `guard` holds (see [`Backend::batch_if`]).
     pub fn batch_if(&self, guard: &Guard, ops: &[Op]) -> Result<bool> {
-        self.kv.batch_if(guard, ops)
+        self.timed(Commit::Write, || self.kv.batch_if(guard, ops))
     }
 
     /// One value, as stored.

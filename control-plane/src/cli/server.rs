@@ -21,6 +21,12 @@ pub struct ServerArgs {
     /// (default: the QUIC port number, on TCP).
     #[arg(long)]
     pub listen_tcp: Option<SocketAddr>,
+    /// Where `/metrics` (Prometheus text format), `/healthz` and `/readyz`
+    /// are served, in plain HTTP: `admin` (the admin API's port, which
+    /// tells them apart from the API's TLS), HOST:PORT for a port of their
+    /// own (e.g. 0.0.0.0:9464 for a Prometheus elsewhere), or `off`.
+    #[arg(long, default_value = "admin", value_name = "ADDR")]
+    pub listen_metrics: byom_server::MetricsListen,
     /// HTTPS address for webhooks: GitHub's and Slack's endpoints, and
     /// POST /hooks/SOURCE with an HMAC-SHA256 signature (key in
     /// <data-dir>/webhook.key). Plain HTTP is accepted from this machine.
@@ -132,6 +138,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
         dist: a.dist,
         store: a.store,
         store_key_file: a.store_key_file,
+        listen_metrics: a.listen_metrics,
         models: byom_server::ModelOptions {
             model: m.model,
             router_model: m.router_model,

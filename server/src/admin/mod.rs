@@ -40,6 +40,9 @@ use crate::triggers::Triggers;
 /// Longest a client may take to finish its TLS handshake (the CLI takes
 /// milliseconds); then its place may go to someone else.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The first byte of a TLS connection (a handshake record); anything else
+/// is plain HTTP for the monitor.
+const TLS_HANDSHAKE: u8 = 0x16;
 /// Authenticated connections waiting to be served.
 const ACCEPT_QUEUE: usize = 16;
 
@@ -153,11 +156,16 @@ impl AsyncWrite for AdminConn {
 /// Serves the API on `listener` until shutdown. Connections are admitted
 /// through `gate` (per address, and the oldest unfinished handshake makes
 /// room for a new one), so idle strangers cannot lock the CLI out.
+///
+/// With `monitor`, a connection that does not open with a TLS handshake
+/// is plain HTTP for `/metrics` and the health checks (see
+/// [`crate::monitor`]); it never reaches the API.
 pub async fn serve(
     api: Api,
     listener: TcpListener,
     tls: rustls::ServerConfig,
     gate: Arc<crate::gate::Gate>,
+    monitor: Option<crate::monitor::Monitor>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<AdminConn, std::io::Error>>(ACCEPT_QUEUE);
@@ -168,7 +176,19 @@ pub async fn serve(
         {
             let acceptor = acceptor.clone();
             let tx = tx.clone();
+            let monitor = monitor.clone();
             tokio::spawn(async move {
+                if let Some(m) = monitor {
+                    let mut first = [0u8; 1];
+                    let Some(Ok(1)) = ticket.within(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await
+                    else {
+                        return;
+                    };
+                    if first[0] != TLS_HANDSHAKE {
+                        m.serve_conn(tcp, ticket).await;
+                        return;
+                    }
+                }
                 let tls = match ticket.within(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Some(Ok(t)) => t,
                     Some(Err(e)) => {

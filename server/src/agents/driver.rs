@@ -174,6 +174,7 @@ impl Driver {
             tracing::error!("agent state: {e}; skipped");
         }
         self.core = core;
+        crate::metrics::agents_seen(Some(&self.core));
         let fx = self.core.resume_effects();
         if !fx.is_empty() {
             tracing::info!(
@@ -248,6 +249,7 @@ impl Driver {
         let mut world = self.world();
         // Built only when it will be logged: this runs for every event.
         let summary = tracing::enabled!(tracing::Level::DEBUG).then(|| ev.summary());
+        let turns = self.core.router().stats.turns;
         let fx = match self.core.handle(&mut world, ev) {
             Ok(fx) => fx,
             Err(e) => {
@@ -318,9 +320,13 @@ impl Driver {
         for c in outgoing {
             self.h.channels.outbox_ready(&c);
         }
+        if self.core.router().stats.turns > turns {
+            crate::metrics::router_turn(self.core.router().turn_items.len());
+        }
         // Ended workers live on in the store only: memory stays bounded by
         // the live ones.
         self.core.evict_closed();
+        crate::metrics::agents_seen(Some(&self.core));
         self.run_effects(fx);
         true
     }
@@ -394,12 +400,19 @@ impl Driver {
                     let tx = self.tx.clone();
                     let policy = self.cfg.retry.clone();
                     let sem = self.models.clone();
+                    let role = crate::metrics::role(kind);
                     tokio::spawn(async move {
                         let _permit = sem.acquire_owned().await;
                         let started = std::time::Instant::now();
+                        crate::metrics::model_call_started(role);
                         let result = complete(model.as_ref(), &request, &policy)
                             .await
                             .map_err(|e| e.to_string());
+                        crate::metrics::model_call_ended(
+                            role,
+                            started.elapsed(),
+                            result.as_ref().ok().map(|r| &r.usage),
+                        );
                         tracing::debug!(
                             session,
                             turn,

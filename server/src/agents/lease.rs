@@ -92,6 +92,15 @@ pub fn try_take(store: &Store, replica: &str) -> Result<Option<Lease>, StoreErro
     }))
 }
 
+/// Who holds the agents' lease and until when (ms since the epoch), as
+/// the store says now; None before any replica asked for it.
+pub fn holder(store: &Store) -> Result<Option<(String, u64)>, StoreError> {
+    Ok(store.get_raw(Space::Leases, LEASE)?.map(|v| {
+        let (holder, _, expires) = parse(&v);
+        (holder, expires)
+    }))
+}
+
 impl Lease {
     /// Extends the lease; false if it is no longer ours.
     pub fn renew(&self) -> Result<bool, StoreError> {
@@ -201,6 +210,8 @@ pub async fn run(
         mine.fence = Some(lease.fence.clone());
         h.channels.set_active(true);
         crate::agents::driver::run(mine, cfg.clone()).await;
+        // Another replica's figures now.
+        crate::metrics::agents_seen(None);
         h.channels.set_active(false);
         lost.cancel();
         if shutdown.is_cancelled() {

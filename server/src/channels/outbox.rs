@@ -183,6 +183,7 @@ async fn pass(
                 tracing::info!(connector, item = it.id, thread = it.thread_id, "reply sent");
             }
             Sent::Retry { error, after } => {
+                crate::metrics::outbox_send_failed(connector, it.attempts >= MAX_ATTEMPTS);
                 let wait = after.map_or(backoff(it.attempts), |a| a.min(MAX_PAUSE));
                 tracing::warn!(
                     connector,
@@ -202,6 +203,7 @@ async fn pass(
                 }
             }
             Sent::Fail(error) => {
+                crate::metrics::outbox_send_failed(connector, true);
                 tracing::warn!(connector, item = it.id, "send failed for good: {error}");
                 it.set_state(OutboxState::OutboxFailed);
                 it.last_error = error;
