@@ -375,3 +375,77 @@ impl Stored {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use byom_protocol::pb;
+    use byom_store::{Op, Space};
+    use prost::Message;
+
+    fn command(id: usize, machine: &str, state: CommandState) -> pb::Command {
+        pb::Command {
+            id: format!("cmd_{id:08}"),
+            machine_id: machine.into(),
+            argv: vec!["sh".into(), "-c".into(), "secret text".into()],
+            state: state as i32,
+            created_at_ms: 1,
+            ..Default::default()
+        }
+    }
+
+    /// 10,000 commands in the store, all but a few ended: a scrape reads
+    /// the unfinished ones through the queue index, never the history.
+    #[test]
+    fn a_scrape_reads_only_unfinished_commands() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(d.path()).unwrap();
+        for (i, (name, asleep, paused)) in [("a", 0, false), ("b", 5, false), ("c", 0, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut m = pb::Machine {
+                id: format!("mch_{i}"),
+                name: name.into(),
+                asleep_since_ms: asleep,
+                paused,
+                ..Default::default()
+            };
+            store.create_machine(&mut m).unwrap();
+        }
+        let ended: Vec<Op> = (0..9_990)
+            .map(|i| {
+                let c = command(i, "mch_0", CommandState::Exited);
+                Op::put(Space::Commands, c.id.clone(), c.encode_to_vec())
+            })
+            .collect();
+        store.batch(&ended).unwrap();
+        for i in 9_990..10_000 {
+            store
+                .create_command(&command(i, "mch_1", CommandState::Queued), &[])
+                .unwrap();
+        }
+        let here = BTreeMap::from([("mch_0".to_string(), false)]);
+        let started = Instant::now();
+        let s = read_store(&store, &Cluster::alone(), &here).unwrap();
+        let took = started.elapsed();
+        assert_eq!(s.commands.get("queued"), Some(&10));
+        assert_eq!(s.commands.len(), 1, "{:?}", s.commands);
+        assert_eq!(
+            s.machines,
+            BTreeMap::from([("online", 1), ("asleep", 1), ("offline", 1)])
+        );
+        // Generous for a debug build on a busy machine; the 9,990 ended
+        // commands are never read.
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        let mut t = Text::new();
+        s.write(&mut t);
+        let page = t.finish();
+        assert!(
+            page.contains("byom_commands{state=\"queued\"} 10\n"),
+            "{page}"
+        );
+        assert!(page.contains("byom_commands{state=\"running\"} 0\n"));
+        assert!(!page.contains("secret") && !page.contains("mch_"), "{page}");
+    }
+}

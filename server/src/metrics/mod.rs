@@ -478,3 +478,94 @@ fn write_agents(t: &mut Text, now_ms: u64) {
         a.router_queue as f64,
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page() -> String {
+        let mut t = Text::new();
+        write(&mut t, 0);
+        t.finish()
+    }
+
+    /// The value of the sample line starting with `key` (a name and its
+    /// labels).
+    fn value(page: &str, key: &str) -> f64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in\n{page}"))
+    }
+
+    /// The store tells of a command's life; the queue wait, the dispatch
+    /// and the end are counted once each, whatever else is written.
+    #[test]
+    fn a_commands_life_is_counted_from_the_store() {
+        let d = tempfile::tempdir().unwrap();
+        let store = byom_store::Store::open_sled(d.path()).unwrap();
+        assert!(store.observe(std::sync::Arc::new(StoreMetrics)));
+        let before = page();
+        let now = byom_wire::now_ms();
+        let c = pb::Command {
+            id: "cmd_metrics_1".into(),
+            machine_id: "mch_1".into(),
+            state: CommandState::Queued as i32,
+            created_at_ms: now - 2_000,
+            ..Default::default()
+        };
+        store.create_command(&c, &[]).unwrap();
+        let go = |from: CommandState, to: CommandState| {
+            store
+                .transition(&c.id, &[from], to, |c| {
+                    if to == CommandState::Dispatched {
+                        c.dispatched_at_ms = now;
+                    }
+                })
+                .unwrap()
+                .expect("moved");
+        };
+        go(CommandState::Queued, CommandState::Dispatched);
+        go(CommandState::Dispatched, CommandState::Running);
+        // A change of fields only is no transition.
+        store
+            .update_command(&c.id, |c| {
+                c.pid = 7;
+                Ok(())
+            })
+            .unwrap();
+        go(CommandState::Running, CommandState::Exited);
+        let after = page();
+        let delta = |k: &str| value(&after, k) - value(&before, k);
+        assert_eq!(delta("byom_command_queue_wait_seconds_count"), 1.0);
+        let waited = delta("byom_command_queue_wait_seconds_sum");
+        assert!((1.9..2.1).contains(&waited), "{waited}");
+        assert_eq!(
+            delta("byom_command_queue_wait_seconds_bucket{le=\"2.5\"}"),
+            1.0
+        );
+        assert_eq!(
+            delta("byom_command_queue_wait_seconds_bucket{le=\"1\"}"),
+            0.0
+        );
+        assert_eq!(delta("byom_command_dispatch_seconds_count"), 1.0);
+        assert_eq!(delta("byom_commands_finished_total{state=\"exited\"}"), 1.0);
+        assert!(delta("byom_store_commit_seconds_count{op=\"write\"}") >= 5.0);
+    }
+
+    #[test]
+    fn router_busy_time_is_the_union_of_its_calls() {
+        let before = lock(&METRICS.router_busy).now();
+        model_call_started("router");
+        model_call_started("router");
+        std::thread::sleep(Duration::from_millis(30));
+        model_call_ended("router", Duration::from_millis(30), None);
+        std::thread::sleep(Duration::from_millis(30));
+        model_call_ended("router", Duration::from_millis(60), None);
+        let busy = lock(&METRICS.router_busy).now() - before;
+        assert!(
+            busy >= Duration::from_millis(60) && busy < Duration::from_millis(500),
+            "{busy:?}"
+        );
+        assert_eq!(lock(&METRICS.router_busy).in_flight, 0);
+    }
+}
