@@ -184,6 +184,22 @@ fn metrics_move_when_commands_run_and_health_answers() {
     assert!(!raw.contains("\"lap\""), "a machine's name leaked");
     assert!(!raw.contains("mch_") && !raw.contains("cmd_"), "IDs leaked");
 
+    // A message for the agents: the Router takes a turn on it, and its
+    // model request, tokens and busy time are counted.
+    let t = server.say("ops", "hello there");
+    assert_eq!(t["decision"], "candidate", "{t}");
+    let agents = wait_for("the Router's turn in the figures", T, || {
+        let s = scrape(addr);
+        (s.value("byom_router_batch_size_count") >= 1.0
+            && s.value(r#"byom_model_request_seconds_count{role="router"}"#) >= 1.0)
+            .then_some(s)
+    });
+    assert!(agents.value(r#"byom_model_tokens_total{kind="input",role="router"}"#) > 0.0);
+    assert!(agents.value(r#"byom_model_tokens_total{kind="output",role="router"}"#) > 0.0);
+    assert!(agents.value("byom_router_busy_seconds_total") > 0.0);
+    assert!(agents.value("byom_router_batch_size_sum") >= 1.0);
+    assert_eq!(agents.value("byom_approvals_waiting"), 0.0);
+
     // Health: up, and ready (the store answers).
     assert_eq!(get(addr, "/healthz"), (200, "ok\n".into()));
     let (status, body) = get(addr, "/readyz");
