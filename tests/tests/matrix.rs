@@ -527,3 +527,76 @@ fn a_public_room_does_not_get_the_laptop_output_unasked() {
     assert!(!body.contains("in-public"), "{body}");
     assert_eq!(r.count_bot("Done"), 0, "the output was not posted");
 }
+
+/// A room is read by everyone in it, not only by those who spoke: with a
+/// member the server does not trust (who never says a word), a trusted
+/// member's laptop output waits for a yes; once that member has left, the
+/// next output is posted.
+#[test]
+fn a_silent_stranger_in_the_room_keeps_the_laptop_output_back() {
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    let syn = Synapse::start(dir.path());
+    let m = matrix_room(&server, &syn, dir.path());
+    server.trust(&["add", &format!("matrix:{}", m.ada_id)]);
+    let (eve_id, eve) = syn.register("eve");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/rooms/{}/invite", enc(&m.room)),
+        &m.ada,
+        Some(json!({"user_id": eve_id})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/join/{}", enc(&m.room)),
+        &eve,
+        Some(json!({})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let bot = |what: &str| {
+        let what = what.to_string();
+        wait_for(&format!("the bot to say {what:?}"), T, || {
+            syn.messages(&m.room, &m.ada)
+                .into_iter()
+                .filter(|e| e["sender"] == m.bot.as_str())
+                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
+        })
+    };
+    syn.send(
+        &m.room,
+        &m.ada,
+        json!({"msgtype": "m.text", "body": "byom: please run `echo with-eve-here` on lap"}),
+    );
+    let ask = bot("characters");
+    let body = ask["content"]["body"].as_str().unwrap().to_string();
+    assert!(body.contains("Approval needed"), "{body}");
+    assert!(body.contains(&eve_id), "says who reads it: {body}");
+    assert!(!body.contains("with-eve-here\n"), "{body}");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/rooms/{}/leave", enc(&m.room)),
+        &eve,
+        Some(json!({})),
+    );
+    assert_eq!(st, 200, "{v}");
+    // The bot learns of the leave as it syncs; until then a post is held.
+    std::thread::sleep(Duration::from_secs(2));
+    syn.send(
+        &m.room,
+        &m.ada,
+        json!({"msgtype": "m.text", "body": "byom: please run `echo only-us` on lap"}),
+    );
+    bot("only-us");
+    let held = syn
+        .messages(&m.room, &m.ada)
+        .into_iter()
+        .filter(|e| e["sender"] == m.bot.as_str())
+        .filter(|e| {
+            e["content"]["body"]
+                .as_str()
+                .unwrap_or("")
+                .contains("Approval needed")
+        })
+        .count();
+    assert_eq!(held, 1, "only the first output waited");
+}

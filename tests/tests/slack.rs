@@ -642,3 +642,62 @@ fn a_shared_channel_does_not_get_the_laptop_output_unasked() {
     );
     assert!(!text.contains("shared-out"), "{text}");
 }
+
+/// A public channel is read by anyone in the workspace, not only by those
+/// who spoke: with only some members trusted, a trusted member's laptop
+/// output waits for a yes there; in a private channel it is posted.
+#[test]
+fn a_public_channel_is_read_by_the_whole_workspace() {
+    let api = slack_api();
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    server.trust(&["add", "slack:T0001/U0ADA"]);
+    let out = add_connector(&server, dir.path(), &format!("{}/api", api.url()));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ask = |id: &str, channel: &str, ts: &str, kind: &str, cmd: &str| {
+        let ev = message(
+            channel,
+            ts,
+            &format!("<@UBOT> please run `{cmd}` on lap"),
+            json!({"channel_type": kind}),
+        );
+        let (st, v) = signed(&server, &callback(id, ev), now_s());
+        assert_eq!(st, 200, "{v}");
+    };
+    ask(
+        "Ev05PUB",
+        "C0PUBLIC",
+        "1700000000.000500",
+        "channel",
+        "echo in-the-open",
+    );
+    let request = wait_for("the post's request", T, || {
+        posts(&api).into_iter().map(|r| r.json()).find(|b| {
+            b["channel"] == "C0PUBLIC" && b["text"].as_str().unwrap_or("").contains("characters")
+        })
+    });
+    let text = request["text"].as_str().unwrap();
+    assert!(
+        text.contains("Approval needed") && text.contains("public channel"),
+        "{text}"
+    );
+    ask(
+        "Ev05PRIV",
+        "C0PRIVATE",
+        "1700000000.000501",
+        "group",
+        "echo among-us",
+    );
+    wait_for("the private channel's answer", T, || {
+        posts(&api).into_iter().map(|r| r.json()).find(|b| {
+            b["channel"] == "C0PRIVATE" && b["text"].as_str().unwrap_or("").contains("among-us")
+        })
+    });
+    assert!(
+        posts(&api).iter().all(|p| {
+            let b = p.json();
+            !(b["channel"] == "C0PUBLIC"
+                && b["text"].as_str().unwrap_or("").contains("in-the-open\n"))
+        }),
+        "the public channel's output was not posted"
+    );
+}

@@ -257,12 +257,25 @@ impl LiveWorld {
         };
         let channel = crate::channels::thread_channel(&t.kind, &t.external);
         let public = crate::channels::is_public(&self.store, &t.source, channel).map_err(away)?;
-        Ok(public.then(|| {
-            format!(
+        if public {
+            return Ok(Some(format!(
                 "{channel} is {why}: people outside the team read {}",
                 t.external
-            )
-        }))
+            )));
+        }
+        // Those who can read it without a word said: a room's people, a
+        // public channel's workspace. A room whose people byom has not
+        // learnt yet is held like one with a stranger in it.
+        use crate::channels::readers;
+        let who = readers::get(&self.store, &t.source, channel).map_err(away)?;
+        Ok(match who {
+            Some(r) => readers::untrusted_reader(&self.trust()?, &r)
+                .map(|why| format!("{channel} is read by more than the team: {why}")),
+            None if t.kind == "matrix" => Some(format!(
+                "who reads {channel} is not known yet (byom asks the homeserver as it syncs)"
+            )),
+            None => None,
+        })
     }
 }
 

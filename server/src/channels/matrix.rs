@@ -20,6 +20,7 @@ use byom_store::Op;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::readers::{self, Readers, MAX_READERS};
 use super::{Channels, Provider, Sent, PROVIDER_TIMEOUT};
 use crate::http::{self, HttpError};
 use crate::triggers::Ingest;
@@ -96,6 +97,46 @@ impl Matrix {
         } else {
             Err(error_text(&r))
         }
+    }
+
+    /// Who reads `room`: its joined and invited members (an invited
+    /// member reads the room's history once they join), byom left out.
+    async fn readers(&self, room: &str) -> Result<Readers, String> {
+        let r = self
+            .call(
+                "GET",
+                &format!("/rooms/{}/members", enc(room)),
+                None,
+                PROVIDER_TIMEOUT,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.status != 200 {
+            return Err(error_text(&r));
+        }
+        let v = r.json();
+        let Some(chunk) = v["chunk"].as_array() else {
+            return Err("the homeserver's member list has no chunk".into());
+        };
+        let mut people: Vec<String> = chunk
+            .iter()
+            .filter(|ev| {
+                matches!(
+                    ev["content"]["membership"].as_str(),
+                    Some("join" | "invite")
+                )
+            })
+            .filter_map(|ev| ev["state_key"].as_str())
+            .filter(|who| *who != self.user_id)
+            .map(|who| format!("matrix:{who}"))
+            .collect();
+        people.sort();
+        people.dedup();
+        Ok(if people.len() > MAX_READERS {
+            Readers::Many(people.len())
+        } else {
+            Readers::People(people)
+        })
     }
 
     async fn display_name(&self, user: &str) -> Option<String> {
@@ -392,6 +433,24 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
                         stored_all = false;
                     }
                 }
+                // Who reads the room: asked again whenever its membership
+                // moves, and until the homeserver has said once (the gate
+                // on posts holds a room it knows nothing of).
+                let moved = has_member_event(&r["state"]["events"])
+                    || has_member_event(&r["timeline"]["events"]);
+                let known = readers::get(store, &c.name, room);
+                if moved || !matches!(known, Ok(Some(ref r)) if !matches!(r, Readers::Unknown(_))) {
+                    // A failed ask is noted as such (the gate holds the
+                    // room) and asked again with the next batch.
+                    let who = m.readers(room).await.unwrap_or_else(|e| {
+                        tracing::warn!(connector = c.name, "cannot ask who reads {room}: {e}");
+                        Readers::Unknown(e)
+                    });
+                    if let Err(e) = readers::note(store, &c.name, room, &who) {
+                        tracing::warn!(connector = c.name, "cannot note who reads {room}: {e}");
+                        stored_all = false;
+                    }
+                }
                 let dm = store
                     .channel_state(&c.name, &format!("dm/{room}"))
                     .ok()
@@ -513,6 +572,12 @@ fn public_room(events: &Value) -> Option<bool> {
         .rev()
         .find(|e| e["type"] == "m.room.join_rules")
         .map(|e| e["content"]["join_rule"] == "public")
+}
+
+fn has_member_event(events: &Value) -> bool {
+    events
+        .as_array()
+        .is_some_and(|a| a.iter().any(|e| e["type"] == "m.room.member"))
 }
 
 fn learn_names(names: &mut HashMap<String, String>, events: &Value) {

@@ -17,6 +17,7 @@ pub mod inbound;
 pub mod markdown;
 pub mod matrix;
 pub mod outbox;
+pub mod readers;
 pub mod slack;
 
 use std::collections::HashMap;

@@ -19,6 +19,7 @@ use byom_protocol::pb;
 use ring::hmac;
 use serde_json::{json, Value};
 
+use super::readers::{self, Readers};
 use super::{Channels, Provider, Sent, PROVIDER_TIMEOUT};
 use crate::http::{self, HttpError};
 use crate::triggers::{Ingest, Ingested};
@@ -276,6 +277,26 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
     // by people outside the team, whoever has spoken in it.
     if let Some(shared) = v["is_ext_shared_channel"].as_bool() {
         if let Err(e) = super::note_public(&ch.store, &c.name, &ev.channel, shared) {
+            return (503, json!({"error": e.to_string()}));
+        }
+    }
+    // A public channel is read by anyone in the workspace, whoever spoke.
+    // An event that does not say (`app_mention`) keeps what an earlier one
+    // said, and a channel never described is taken as public: the side
+    // that holds laptop output rather than posts it.
+    let said = match v["event"]["channel_type"].as_str() {
+        Some("channel") => Some(Readers::Workspace(team.to_string())),
+        Some("group" | "im" | "mpim") => Some(Readers::Private),
+        _ => None,
+    };
+    let who = match (said, readers::get(&ch.store, &c.name, &ev.channel)) {
+        (Some(w), _) => Some(w),
+        (None, Ok(Some(_))) => None,
+        (None, Ok(None)) => Some(Readers::Workspace(team.to_string())),
+        (None, Err(e)) => return (503, json!({"error": e.to_string()})),
+    };
+    if let Some(who) = who {
+        if let Err(e) = readers::note(&ch.store, &c.name, &ev.channel, &who) {
             return (503, json!({"error": e.to_string()}));
         }
     }
