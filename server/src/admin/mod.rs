@@ -178,6 +178,8 @@ pub async fn serve(
             let tx = tx.clone();
             let monitor = monitor.clone();
             tokio::spawn(async move {
+                // One deadline for the first byte and the handshake.
+                let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
                 if let Some(m) = monitor {
                     let mut first = [0u8; 1];
                     let Some(Ok(1)) = ticket.within(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await
@@ -189,7 +191,8 @@ pub async fn serve(
                         return;
                     }
                 }
-                let tls = match ticket.within(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let tls = match ticket.within(left, acceptor.accept(tcp)).await {
                     Some(Ok(t)) => t,
                     Some(Err(e)) => {
                         tracing::debug!(%remote, "API handshake failed: {e}");
