@@ -600,3 +600,161 @@ fn a_silent_stranger_in_the_room_keeps_the_laptop_output_back() {
         .count();
     assert_eq!(held, 1, "only the first output waited");
 }
+
+/// A stranger who joins while byom is not syncing, followed by more
+/// messages than one sync's timeline holds, is hidden from the next sync
+/// (its timeline is cut, and lazy-loaded members name only those who
+/// spoke in what is shown): byom asks who reads the room again after a
+/// cut timeline, so the silent stranger still keeps the output back.
+#[test]
+fn a_stranger_hidden_by_a_cut_timeline_still_keeps_the_output_back() {
+    let (dir, mut server, _lap) = Server::with_lap(&[], &[]);
+    let syn = Synapse::start(dir.path());
+    let m = matrix_room(&server, &syn, dir.path());
+    server.trust(&["add", &format!("matrix:{}", m.ada_id)]);
+    let bot = |what: &str| {
+        let what = what.to_string();
+        wait_for(&format!("the bot to say {what:?}"), T, || {
+            syn.messages(&m.room, &m.ada)
+                .into_iter()
+                .filter(|e| e["sender"] == m.bot.as_str())
+                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
+        })
+    };
+    // Only Ada reads the room: her output is posted.
+    syn.send(
+        &m.room,
+        &m.ada,
+        json!({"msgtype": "m.text", "body": "byom: please run `echo before-gap` on lap"}),
+    );
+    bot("Done");
+    server.kill9();
+    let (eve_id, eve) = syn.register("eve");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/rooms/{}/invite", enc(&m.room)),
+        &m.ada,
+        Some(json!({"user_id": eve_id})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/join/{}", enc(&m.room)),
+        &eve,
+        Some(json!({})),
+    );
+    assert_eq!(st, 200, "{v}");
+    // More than a sync's timeline (50) after Eve's join.
+    for i in 0..60 {
+        syn.send(
+            &m.room,
+            &m.ada,
+            json!({"msgtype": "m.text", "body": format!("just chatting {i}")}),
+        );
+    }
+    server.restart();
+    syn.send(
+        &m.room,
+        &m.ada,
+        json!({"msgtype": "m.text", "body": "byom: please run `echo after-gap` on lap"}),
+    );
+    let ask = bot("characters");
+    let body = ask["content"]["body"].as_str().unwrap().to_string();
+    assert!(body.contains("Approval needed"), "{body}");
+    assert!(body.contains(&eve_id), "says who reads it: {body}");
+    assert!(!body.contains("after-gap\n"), "{body}");
+}
+
+/// A room whose history is world readable is read by anyone, member or
+/// not, without a membership event to tell byom: a trusted member's
+/// laptop output waits for a yes there. (Eve, never in the room, reads
+/// what is posted in it.)
+#[test]
+fn a_world_readable_room_does_not_get_the_laptop_output_unasked() {
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    let syn = Synapse::start(dir.path());
+    let m = matrix_room(&server, &syn, dir.path());
+    server.trust(&["add", &format!("matrix:{}", m.ada_id)]);
+    let (st, v) = syn.api(
+        "PUT",
+        &format!("/rooms/{}/state/m.room.history_visibility/", enc(&m.room)),
+        &m.ada,
+        Some(json!({"history_visibility": "world_readable"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (_eve_id, eve) = syn.register("eve");
+    syn.send(
+        &m.room,
+        &m.ada,
+        json!({"msgtype": "m.text", "body": "byom: please run `echo world-sees` on lap"}),
+    );
+    // Eve reads the room without ever joining it.
+    let seen = wait_for("the bot's answer, read by Eve", T, || {
+        let (st, v) = syn.api(
+            "GET",
+            &format!("/rooms/{}/messages?dir=b&limit=50", enc(&m.room)),
+            &eve,
+            None,
+        );
+        assert_eq!(st, 200, "a world-readable room is read by anyone: {v}");
+        v["chunk"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["sender"] == m.bot.as_str())
+            .find_map(|e| {
+                let body = e["content"]["body"].as_str().unwrap_or("");
+                (body.contains("characters") || body.contains("Done")).then(|| body.to_string())
+            })
+    });
+    assert!(seen.contains("Approval needed"), "{seen}");
+    assert!(!seen.contains("world-sees\n"), "{seen}");
+
+    // History for members only, but anyone in another room may join
+    // without an invitation: that room's people read it too.
+    let (st, v) = syn.api(
+        "POST",
+        "/createRoom",
+        &eve,
+        Some(json!({"name": "lobby", "preset": "public_chat"})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let lobby = v["room_id"].as_str().unwrap().to_string();
+    for (kind, content) in [
+        (
+            "m.room.history_visibility",
+            json!({"history_visibility": "shared"}),
+        ),
+        (
+            "m.room.join_rules",
+            json!({"join_rule": "restricted",
+                   "allow": [{"type": "m.room_membership", "room_id": lobby}]}),
+        ),
+    ] {
+        let (st, v) = syn.api(
+            "PUT",
+            &format!("/rooms/{}/state/{kind}/", enc(&m.room)),
+            &m.ada,
+            Some(content),
+        );
+        assert_eq!(st, 200, "{v}");
+    }
+    syn.send(
+        &m.room,
+        &m.ada,
+        json!({"msgtype": "m.text", "body": "byom: please run `echo lobby-sees` on lap"}),
+    );
+    let held = wait_for("the second request", T, || {
+        syn.messages(&m.room, &m.ada)
+            .into_iter()
+            .filter(|e| e["sender"] == m.bot.as_str())
+            .find_map(|e| {
+                let body = e["content"]["body"].as_str().unwrap_or("");
+                (body.contains("lobby-sees")
+                    || (body.contains("characters") && body.contains("restricted")))
+                .then(|| body.to_string())
+            })
+    });
+    assert!(held.contains("Approval needed"), "{held}");
+    assert!(!held.contains("lobby-sees\n"), "{held}");
+}

@@ -11,7 +11,7 @@
 //! item's ID as the transaction ID, so a retried send never posts twice;
 //! Markdown goes as `formatted_body` HTML.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,9 +99,62 @@ impl Matrix {
         }
     }
 
-    /// Who reads `room`: its joined and invited members (an invited
-    /// member reads the room's history once they join), byom left out.
+    /// One field of `room`'s state event `kind` (with the empty state
+    /// key); None when the room has no such event.
+    async fn state_field(
+        &self,
+        room: &str,
+        kind: &str,
+        field: &str,
+    ) -> Result<Option<String>, String> {
+        let r = self
+            .call(
+                "GET",
+                &format!("/rooms/{}/state/{kind}/", enc(room)),
+                None,
+                PROVIDER_TIMEOUT,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        match r.status {
+            200 => Ok(Some(
+                r.json()[field].as_str().unwrap_or_default().to_string(),
+            )),
+            404 if r.json()["errcode"] == "M_NOT_FOUND" => Ok(None),
+            _ => Err(error_text(&r)),
+        }
+    }
+
+    /// Whether people outside the member list read `room` (why): anyone
+    /// its join rule lets in without a member's act (only `invite` and
+    /// `knock` need one; `restricted` admits another room's members, and
+    /// a rule this version does not know counts as open), or anyone at
+    /// all when its history is world readable.
+    async fn open_to(&self, room: &str) -> Result<Option<String>, String> {
+        // No join rule: the room is invite-only.
+        let rule = self
+            .state_field(room, "m.room.join_rules", "join_rule")
+            .await?
+            .unwrap_or_else(|| "invite".into());
+        if !matches!(rule.as_str(), "invite" | "knock" | "private") {
+            return Ok(Some(format!(
+                "its join rule is {rule:?}: people join it without a member's invitation"
+            )));
+        }
+        let history = self
+            .state_field(room, "m.room.history_visibility", "history_visibility")
+            .await?;
+        Ok((history.as_deref() == Some("world_readable"))
+            .then(|| "its history is world readable: anyone reads it without joining".into()))
+    }
+
+    /// Who reads `room`: anyone, when its rules say so; otherwise its
+    /// joined and invited members (an invited member reads the room's
+    /// history once they join), byom left out.
     async fn readers(&self, room: &str) -> Result<Readers, String> {
+        if let Some(why) = self.open_to(room).await? {
+            return Ok(Readers::Anyone(why));
+        }
         let r = self
             .call(
                 "GET",
@@ -241,8 +294,8 @@ fn filter() -> String {
         "presence": {"not_types": ["*"]},
         "account_data": {"not_types": ["*"]},
         "room": {
-            "timeline": {"limit": TIMELINE_LIMIT, "types": ["m.room.message", "m.room.member", "m.reaction", "m.room.join_rules"]},
-            "state": {"types": ["m.room.member", "m.room.join_rules"], "lazy_load_members": true},
+            "timeline": {"limit": TIMELINE_LIMIT, "types": ["m.room.message", "m.room.member", "m.reaction", "m.room.join_rules", "m.room.history_visibility"]},
+            "state": {"types": ["m.room.member", "m.room.join_rules", "m.room.history_visibility"], "lazy_load_members": true},
             "ephemeral": {"not_types": ["*"]},
             "account_data": {"not_types": ["*"]},
         }
@@ -355,6 +408,8 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
     };
     let mut joined = false;
     let mut names: HashMap<String, String> = HashMap::new();
+    // Rooms whose readers this run has asked the homeserver about.
+    let mut asked: HashSet<String> = HashSet::new();
     let mut since = store
         .channel_state(&c.name, SINCE)
         .ok()
@@ -434,10 +489,13 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
                     }
                 }
                 // Who reads the room: asked again whenever its membership
-                // moves, and until the homeserver has said once (the gate
-                // on posts holds a room it knows nothing of).
-                let moved = has_member_event(&r["state"]["events"])
-                    || has_member_event(&r["timeline"]["events"]);
+                // or rules move, once by every run of this loop (what an
+                // older version noted may not say everything), and until
+                // the homeserver has said once (the gate on posts holds a
+                // room it knows nothing of).
+                let moved = moves_readers(&r["state"]["events"])
+                    || moves_readers(&r["timeline"]["events"])
+                    || !asked.contains(room.as_str());
                 let known = readers::get(store, &c.name, room);
                 if moved || !matches!(known, Ok(Some(ref r)) if !matches!(r, Readers::Unknown(_))) {
                     // A failed ask is noted as such (the gate holds the
@@ -446,9 +504,12 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
                         tracing::warn!(connector = c.name, "cannot ask who reads {room}: {e}");
                         Readers::Unknown(e)
                     });
+                    let failed = matches!(who, Readers::Unknown(_));
                     if let Err(e) = readers::note(store, &c.name, room, &who) {
                         tracing::warn!(connector = c.name, "cannot note who reads {room}: {e}");
                         stored_all = false;
+                    } else if !failed && asked.len() < MAX_NAMES {
+                        asked.insert(room.clone());
                     }
                 }
                 let dm = store
@@ -574,10 +635,17 @@ fn public_room(events: &Value) -> Option<bool> {
         .map(|e| e["content"]["join_rule"] == "public")
 }
 
-fn has_member_event(events: &Value) -> bool {
-    events
-        .as_array()
-        .is_some_and(|a| a.iter().any(|e| e["type"] == "m.room.member"))
+/// Whether `events` change who may read the room: its members, its join
+/// rule or its history's visibility.
+fn moves_readers(events: &Value) -> bool {
+    events.as_array().is_some_and(|a| {
+        a.iter().any(|e| {
+            matches!(
+                e["type"].as_str(),
+                Some("m.room.member" | "m.room.join_rules" | "m.room.history_visibility")
+            )
+        })
+    })
 }
 
 fn learn_names(names: &mut HashMap<String, String>, events: &Value) {

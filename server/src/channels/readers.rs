@@ -26,6 +26,11 @@ pub enum Readers {
     /// Only the people added to it, whom the provider does not list (a
     /// Slack private channel or direct message).
     Private,
+    /// Anyone the room's rules let in without a member's act, or anyone at
+    /// all (why): a Matrix room whose join rule is not `invite`/`knock`
+    /// (`public`, `restricted` to another room's members, a rule this
+    /// version does not know) or whose history is `world_readable`.
+    Anyone(String),
     /// Asking the provider failed (why): held like a stranger's room.
     Unknown(String),
 }
@@ -77,6 +82,7 @@ pub fn untrusted_reader(trust: &Trust, readers: &Readers) -> Option<String> {
             })
         }
         Readers::Private => None,
+        Readers::Anyone(why) => Some(why.clone()),
         Readers::Unknown(e) => Some(format!("who is in it could not be learnt ({e})")),
     }
 }
@@ -108,6 +114,11 @@ mod tests {
         );
         assert!(untrusted_reader(&trust(&["matrix:*"], false), &Readers::Many(5000)).is_some());
         assert_eq!(untrusted_reader(&t, &Readers::Private), None);
+        assert!(untrusted_reader(
+            &trust(&["matrix:*"], false),
+            &Readers::Anyone("its history is world readable".into())
+        )
+        .is_some());
         assert!(untrusted_reader(&t, &Readers::Unknown("HTTP 500".into())).is_some());
         assert_eq!(untrusted_reader(&t, &Readers::People(vec![])), None);
     }
