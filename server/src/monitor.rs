@@ -80,6 +80,9 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(300);
 pub const MAX_CONNECTIONS: usize = 64;
 pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 16;
 
+/// What `/readyz` says: ready (how) or not (why).
+type Readiness = Result<String, String>;
+
 /// What the pages read.
 #[derive(Clone)]
 pub struct Monitor {
@@ -88,6 +91,10 @@ pub struct Monitor {
     cluster: Arc<Cluster>,
     /// The last look at the store: when, and what it wrote.
     last: Arc<tokio::sync::Mutex<Option<(Instant, String)>>>,
+    /// The last readiness check: when, and what it said.
+    last_ready: Arc<tokio::sync::Mutex<Option<(Instant, Readiness)>>>,
+    /// Store reads made for `/readyz` (what a flood of probes costs).
+    ready_reads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Monitor {
@@ -101,6 +108,8 @@ impl Monitor {
             live,
             cluster,
             last: Arc::default(),
+            last_ready: Arc::default(),
+            ready_reads: Arc::default(),
         }
     }
 
@@ -182,8 +191,25 @@ impl Monitor {
             .collect()
     }
 
-    /// `/readyz`: whether this server can serve, and why not.
+    /// `/readyz`: whether this server can serve, and why not; probes
+    /// closer together than [`MIN_STORE_READ_INTERVAL`] share one check
+    /// (anyone who reaches the port may probe, and the store's connections
+    /// are few: the server's own work needs them).
     pub async fn ready(&self) -> Result<String, String> {
+        let mut last = self.last_ready.lock().await;
+        if let Some((at, said)) = &*last {
+            if at.elapsed() < MIN_STORE_READ_INTERVAL {
+                return said.clone();
+            }
+        }
+        let said = self.check_ready().await;
+        *last = Some((Instant::now(), said.clone()));
+        said
+    }
+
+    async fn check_ready(&self) -> Result<String, String> {
+        self.ready_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (store, shared) = (self.store.clone(), self.cluster.shared());
         let me = self.cluster.replica.clone();
         let read = tokio::task::spawn_blocking(move || crate::agents::lease::holder(&store));
@@ -392,6 +418,28 @@ mod tests {
             created_at_ms: 1,
             ..Default::default()
         }
+    }
+
+    /// A flood of readiness probes (anyone who reaches the port may send
+    /// them) costs the store one read per interval, not one per probe.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readiness_probes_share_one_store_read() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(d.path()).unwrap();
+        let cluster = Cluster::alone();
+        let live = Arc::new(LiveMachines::new(cluster.clone()));
+        let m = Monitor::new(store, live, cluster);
+        let probes: Vec<_> = (0..200)
+            .map(|_| {
+                let m = m.clone();
+                tokio::spawn(async move { m.ready().await })
+            })
+            .collect();
+        for p in probes {
+            assert!(p.await.unwrap().is_ok());
+        }
+        let reads = m.ready_reads.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(reads <= 2, "{reads} store reads for 200 probes");
     }
 
     /// 10,000 commands in the store, all but a few ended: a scrape reads
