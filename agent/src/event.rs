@@ -58,6 +58,11 @@ pub struct CommandResult {
     pub stderr: String,
     pub duration_ms: u64,
     pub reason: String,
+    /// It may have used the network (its machine's sandbox saw an IP
+    /// socket, or could not watch and the network was open to it): what it
+    /// printed may be anyone's words.
+    #[serde(default)]
+    pub network: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

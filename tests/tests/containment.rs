@@ -554,6 +554,56 @@ fn the_owner_can_refuse_untrusted_work_whatever_the_server_says() {
     assert!(!log.contains("strict-ran\n"), "{log}");
 }
 
+/// What a command printed after using the network is anyone's words, as
+/// the laptop's kernel saw (an IP socket), whatever its text: a trusted
+/// task that ran such a command carries A, so its next command on the
+/// laptop goes as an untrusted task's and waits for a yes there.
+#[test]
+fn output_from_the_network_taints_a_trusted_task() {
+    let (_dir, server, lap) = Server::with_lap(&[], &[]);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let line = format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'; echo sent");
+    server.say("net", &format!("please run `{line}` on lap"));
+    let first = wait_for("the first command to end", T, || {
+        server
+            .json(&["commands", "ls"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["shell"] == line.as_str() && c["state"] == "exited")
+            .cloned()
+    });
+    assert_eq!(first["network"], true, "{first}");
+    assert_eq!(
+        first["taint"], "",
+        "the task was clean when it ran: {first}"
+    );
+    server.say("net", "please run `echo afterwards` on lap");
+    let held = wait_for("the next command held for a yes", T, || {
+        server
+            .json(&["approvals", "ls", "--all"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["state"] == "open")
+            .cloned()
+    });
+    let why = held["question"].as_str().unwrap_or("");
+    assert!(
+        why.contains(first["id"].as_str().unwrap()) && why.contains("used it"),
+        "{held}"
+    );
+    let ran = server
+        .json(&["commands", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["shell"] == "echo afterwards");
+    assert!(!ran, "it waits");
+    drop(lap);
+}
+
 /// Personal admin certificates: two admins each see their own name in the
 /// audit; a revoked certificate is refused, with a message saying so.
 #[test]

@@ -548,6 +548,30 @@ fn the_network_follows_the_owners_rule_per_origin() {
     let id = l.detach(&connect_line(port));
     let c = l.wait_ended(&id);
     assert_eq!(c["network"], true, "{c}");
+    // Whether it used the network is the kernel's word (a seccomp
+    // notification for every IP socket), not a reading of its text: a
+    // command that could but did not says no; bash's /dev/tcp, with no
+    // fetching word in it, says yes, as does a socket made in a child of
+    // a child.
+    for (line, used) in [
+        ("echo quiet; ls / > /dev/null".to_string(), false),
+        (
+            format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'"),
+            true,
+        ),
+        (
+            format!("sh -c 'sh -c \"bash -c \\\"echo hi > /dev/tcp/127.0.0.1/{port}\\\"\"'"),
+            true,
+        ),
+    ] {
+        let id = l.detach(&line);
+        let c = l.wait_ended(&id);
+        assert_eq!(
+            (c["network"].as_bool(), c["state"].as_str()),
+            (Some(used), Some("exited")),
+            "{line}: {c}"
+        );
+    }
     // Denied: not even the machine's loopback.
     let text = std::fs::read_to_string(&policy)
         .unwrap()

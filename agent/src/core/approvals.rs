@@ -176,6 +176,7 @@ impl Core {
                 stderr: String::new(),
                 duration_ms: 0,
                 reason,
+                network: false,
             };
             let cmd = a.cmd.clone();
             let worker = a.worker.clone();

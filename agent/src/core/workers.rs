@@ -340,8 +340,16 @@ impl Core {
         if w.status.is_closed() {
             return;
         }
-        // Reading it is reading whoever wrote what it fetched.
-        if let Some(program) = super::containment::fetches(&c.command) {
+        // Reading it is reading whoever wrote what it fetched: the machine
+        // says whether it used the network (its kernel saw an IP socket,
+        // or nothing watched and the network was open); a program that
+        // fetches by nature counts whatever the machine says.
+        if r.network {
+            w.flags.add_untrusted(
+                cmd,
+                "its output may hold anyone's words: it could reach the network and used it (or its machine could not watch)",
+            );
+        } else if let Some(program) = super::containment::fetches(&c.command) {
             w.flags.add_untrusted(
                 cmd,
                 &format!("its output came from the network ({program}): anyone's words"),

@@ -426,6 +426,7 @@ pub async fn run_with_core<P: Programs>(
                         stderr: String::new(),
                         duration_ms: cfg.command_ms,
                         reason: String::new(),
+                        network: false,
                     };
                     agenda.at(
                         done_at,
@@ -450,6 +451,7 @@ pub async fn run_with_core<P: Programs>(
                         stderr: String::new(),
                         duration_ms: 0,
                         reason,
+                        network: false,
                     };
                     agenda.at(
                         world.now,

@@ -230,6 +230,8 @@ impl Runner {
                     )
                 })?;
             let network = !(spec.net_ns || spec.deny_sockets);
+            let mut spec = spec;
+            spec.observe_net = network && spec.seccomp;
             Ok((Some(spec), network, level.to_string()))
         }
         #[cfg(not(target_os = "linux"))]

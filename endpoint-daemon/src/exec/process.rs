@@ -199,6 +199,9 @@ struct Spawned {
     /// Our end of the helper's "byomd is alive" pipe, held to the end.
     #[cfg(target_os = "linux")]
     alive: Option<std::os::fd::OwnedFd>,
+    /// The helper's report of network use, read when it ends.
+    #[cfg(target_os = "linux")]
+    usage: Option<std::os::fd::OwnedFd>,
     #[cfg(windows)]
     job: Option<crate::sandbox::windows::Job>,
 }
@@ -340,6 +343,7 @@ async fn spawn(
             .map_err(|e| format!("cannot prepare the sandbox: {e}"))?;
         let report = prepared.report;
         let alive = prepared.alive;
+        let usage = prepared.usage;
         let mut cmd = tokio::process::Command::from(prepared.cmd);
         stdio(&mut cmd, req, pty);
         let child = cmd.spawn();
@@ -387,6 +391,7 @@ async fn spawn(
             child,
             tmp: spec.tmp,
             alive: Some(alive),
+            usage: spec.observe_net.then_some(usage),
         });
     }
     #[cfg(not(target_os = "linux"))]
@@ -452,6 +457,8 @@ async fn spawn(
                 tmp: None,
                 #[cfg(target_os = "linux")]
                 alive: None,
+                #[cfg(target_os = "linux")]
+                usage: None,
                 #[cfg(windows)]
                 job,
             })
@@ -552,6 +559,8 @@ pub(super) async fn run_process(
     let spawned_tmp = spawned.tmp;
     #[cfg(target_os = "linux")]
     let _alive = spawned.alive;
+    #[cfg(target_os = "linux")]
+    let usage = spawned.usage;
     let pid = child.id().unwrap_or(0);
     let tree = Tree {
         pgid: pid,
@@ -706,7 +715,13 @@ pub(super) async fn run_process(
     if let Some(t) = &spawned_tmp {
         crate::sandbox::host::remove_tmp(t);
     }
+    // Could reach the network, and (where the sandbox watched) did: the
+    // kernel's word, not a guess from the command's text.
     exit.network = plan.network;
+    #[cfg(target_os = "linux")]
+    if let Some(u) = &usage {
+        exit.network = plan.network && crate::sandbox::netwatch::read_usage(u);
+    }
     exit.sandbox = plan.sandbox_level.clone();
     exit
 }

@@ -35,8 +35,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::plan::Spec;
-use super::seccomp;
 use super::Report;
+use super::{netwatch, seccomp};
 
 /// argv\[1\] of the helper run for a command.
 pub const HELPER_ARG: &str = "__byomd_sandbox";
@@ -50,6 +50,9 @@ pub const REPORT_FD: RawFd = 4;
 /// The read end of a pipe whose write end only byomd holds: its end of
 /// file means byomd is gone, and the command is ended with it.
 pub const ALIVE_FD: RawFd = 5;
+/// Where the helper tells byomd whether the command used the network
+/// (see [`super::netwatch`]).
+pub const USAGE_FD: RawFd = 6;
 /// Highest descriptor closed one by one where close_range is missing.
 const MAX_INHERITED_FD: RawFd = 4096;
 /// The exit code of a helper that could not set the sandbox up.
@@ -124,13 +127,14 @@ pub fn helper_main() -> ! {
     unsafe {
         libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC);
         libc::fcntl(ALIVE_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(USAGE_FD, libc::F_SETFD, libc::FD_CLOEXEC);
     }
     // Only what byomd meant to hand over: descriptors it inherited from
     // whatever started it (a socket, say) stop here.
     // SAFETY: closing descriptors above ours.
     unsafe {
-        if libc::syscall(libc::SYS_close_range, (ALIVE_FD + 1) as u32, u32::MAX, 0) < 0 {
-            for fd in (ALIVE_FD + 1)..MAX_INHERITED_FD {
+        if libc::syscall(libc::SYS_close_range, (USAGE_FD + 1) as u32, u32::MAX, 0) < 0 {
+            for fd in (USAGE_FD + 1)..MAX_INHERITED_FD {
                 libc::close(fd);
             }
         }
@@ -210,6 +214,13 @@ fn run(mut spec: Spec, t0: Instant) -> Result<Never, String> {
     }
     let (status_r, status_w) = pipe()?;
     let (alive_r, alive_w) = pipe()?;
+    // The way the command's process hands over its filter's listener.
+    let (watch, watch_cmd) = if spec.observe_net {
+        let (a, b) = netwatch::socket_pair().map_err(|e| format!("socketpair: {e}"))?;
+        (Some(a), Some(b))
+    } else {
+        (None, None)
+    };
     // SAFETY: single-threaded; the child only continues this code.
     let init = unsafe { libc::fork() };
     if init < 0 {
@@ -218,14 +229,16 @@ fn run(mut spec: Spec, t0: Instant) -> Result<Never, String> {
     if init == 0 {
         drop(status_r);
         drop(alive_w);
-        init_main(&mut spec, t0, &old, status_w, alive_r);
+        drop(watch);
+        init_main(&mut spec, t0, &old, status_w, alive_r, watch_cmd);
     }
     drop(status_w);
     drop(alive_r);
+    drop(watch_cmd);
     // SAFETY: the command holds its own copy until it execs.
     unsafe { libc::close(REPORT_FD) };
     wipe(&mut spec);
-    helper_wait(init, status_r, &set, alive_w)
+    helper_wait(init, status_r, &set, alive_w, watch)
 }
 
 /// Overwrites the command line and environment before they are freed: a
@@ -441,8 +454,10 @@ fn helper_wait(
     status_r: OwnedFd,
     set: &libc::sigset_t,
     _alive: OwnedFd,
+    watch: Option<OwnedFd>,
 ) -> Result<Never, String> {
     let mut status_r = Some(status_r);
+    let mut watch = netwatch::Watch::new(watch, USAGE_FD);
     // SAFETY: a signalfd for the signals this thread blocked.
     let sigfd = unsafe { libc::signalfd(-1, set, libc::SFD_CLOEXEC) };
     if sigfd < 0 {
@@ -463,9 +478,11 @@ fn helper_wait(
                 events: libc::POLLIN,
                 revents: 0,
             },
+            watch.pollfd(0),
+            watch.pollfd(1),
         ];
         // SAFETY: polling our own descriptors.
-        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+        if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) } < 0 {
             continue;
         }
         if fds[1].revents != 0 {
@@ -477,6 +494,10 @@ fn helper_wait(
                 libc::kill(init, libc::SIGKILL);
                 libc::_exit(SETUP_FAILED);
             }
+        }
+        watch.ready(fds[2].revents, fds[3].revents);
+        if fds[0].revents == 0 {
+            continue;
         }
         let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
         // SAFETY: reading one siginfo record into a struct of its size.
@@ -502,6 +523,10 @@ fn helper_wait(
         if r != init {
             continue;
         }
+        // A command that ended before its listener was read: still
+        // watched, it made no IP socket unanswered (one would have kept it
+        // waiting for us).
+        watch.take_listener();
         let mut buf = [0u8; 4];
         let read = status_r
             .take()
@@ -547,6 +572,7 @@ fn init_main(
     old: &libc::sigset_t,
     status_w: OwnedFd,
     alive_r: OwnedFd,
+    watch: Option<OwnedFd>,
 ) -> ! {
     // SAFETY: process setup in a single-threaded child.
     unsafe {
@@ -582,11 +608,12 @@ fn init_main(
     if cmd == 0 {
         drop(status_w);
         drop(alive_r);
-        match command(&*spec, t0, old) {
+        match command(&*spec, t0, old, watch) {
             Ok(never) => match never {},
             Err(e) => fail(e),
         }
     }
+    drop(watch);
     // SAFETY: closing our copy of the report pipe.
     unsafe { libc::close(REPORT_FD) };
     wipe(spec);
@@ -687,7 +714,12 @@ fn drop_capabilities() -> Result<(), String> {
 }
 
 /// The command's own process, from the fork to exec.
-fn command(spec: &Spec, t0: Instant, old: &libc::sigset_t) -> Result<Never, String> {
+fn command(
+    spec: &Spec,
+    t0: Instant,
+    old: &libc::sigset_t,
+    watch: Option<OwnedFd>,
+) -> Result<Never, String> {
     // SAFETY: process attribute changes in a single-threaded child.
     unsafe {
         if spec.tty {
@@ -736,7 +768,7 @@ fn command(spec: &Spec, t0: Instant, old: &libc::sigset_t) -> Result<Never, Stri
         landlock(spec)?;
     }
     if spec.seccomp {
-        let prog = seccomp::program(seccomp::Options {
+        let opts = seccomp::Options {
             sockets: if spec.deny_sockets {
                 seccomp::Sockets::Local
             } else if spec.net_ns {
@@ -748,9 +780,27 @@ fn command(spec: &Spec, t0: Instant, old: &libc::sigset_t) -> Result<Never, Stri
             },
             deny_ptrace: !spec.pid_ns,
             deny_owner_changes: !spec.mount_ns,
+            notify_ip: false,
+        };
+        let watched = watch.as_ref().and_then(|w| {
+            let prog = seccomp::program(seccomp::Options {
+                notify_ip: true,
+                ..opts
+            });
+            let l = seccomp::install_listener(&prog).ok()?;
+            // Handed over or not, the filter is in place: a listener
+            // nobody holds makes every IP socket fail (ENOSYS), closed.
+            let _ = netwatch::send_fd(w.as_raw_fd(), l.as_raw_fd());
+            Some(())
         });
-        seccomp::install(&prog).map_err(|e| format!("seccomp: {e}"))?;
+        if watched.is_none() {
+            // No watch here (a kernel without user notifications, or a
+            // listener already above us): byomd hears nothing and counts
+            // the network as used.
+            seccomp::install(&seccomp::program(opts)).map_err(|e| format!("seccomp: {e}"))?;
+        }
     }
+    drop(watch);
     let argv: Vec<CString> = spec
         .argv
         .iter()

@@ -31,6 +31,8 @@ pub mod linux;
 #[cfg(target_os = "linux")]
 mod mount;
 #[cfg(target_os = "linux")]
+pub mod netwatch;
+#[cfg(target_os = "linux")]
 pub mod probe;
 #[cfg(target_os = "linux")]
 pub mod seccomp;
@@ -267,6 +269,8 @@ pub struct Prepared {
     pub keep: Vec<std::os::fd::OwnedFd>,
     /// Held while the command runs: when byomd goes, so does the command.
     pub alive: std::os::fd::OwnedFd,
+    /// Read end of the helper's network-use report ([`netwatch`]).
+    pub usage: std::os::fd::OwnedFd,
 }
 
 #[cfg(target_os = "linux")]
@@ -289,12 +293,14 @@ pub fn prepare(helper: &Path, spec: &Spec) -> std::io::Result<Prepared> {
     let memfd = OwnedFd::from(f);
     let (report_r, report_w) = pipe()?;
     let (alive_r, alive_w) = pipe()?;
+    let (usage_r, usage_w) = pipe()?;
     let mut cmd = std::process::Command::new(helper);
     cmd.arg(linux::HELPER_ARG).env_clear();
     let fds = [
         (memfd.as_raw_fd(), linux::SPEC_FD),
         (report_w.as_raw_fd(), linux::REPORT_FD),
         (alive_r.as_raw_fd(), linux::ALIVE_FD),
+        (usage_w.as_raw_fd(), linux::USAGE_FD),
     ];
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
@@ -304,9 +310,9 @@ pub fn prepare(helper: &Path, spec: &Spec) -> std::io::Result<Prepared> {
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // Out of the way first (any may already sit on 3, 4 or 5),
+            // Out of the way first (any may already sit on 3 to 6),
             // then into place.
-            let mut high = [0; 3];
+            let mut high = [0; 4];
             for (i, (fd, _)) in fds.iter().enumerate() {
                 high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10);
                 if high[i] < 0 {
@@ -324,8 +330,9 @@ pub fn prepare(helper: &Path, spec: &Spec) -> std::io::Result<Prepared> {
     Ok(Prepared {
         cmd,
         report: report_r,
-        keep: vec![memfd, report_w, alive_r],
+        keep: vec![memfd, report_w, alive_r, usage_w],
         alive: alive_w,
+        usage: usage_r,
     })
 }
 

@@ -74,6 +74,12 @@ pub struct Spec {
     /// of its own, `TIOCSCTTY`), for `byom exec -t`.
     #[serde(default)]
     pub tty: bool,
+    /// The helper watches for IP sockets (a seccomp notification) and
+    /// tells byomd whether the command made one: set when its network
+    /// reaches other machines, so the server knows whether its output
+    /// may have come from anyone's words.
+    #[serde(default)]
+    pub observe_net: bool,
 }
 
 /// What a command's sandbox depends on besides the rules.

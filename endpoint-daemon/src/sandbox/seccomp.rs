@@ -42,6 +42,10 @@ pub struct Options {
     /// mounts to keep them inside the write roots (Landlock does not
     /// judge them).
     pub deny_owner_changes: bool,
+    /// Every IP socket the command makes is told to the filter's listener
+    /// first (which lets it go on): how byomd learns, from the kernel, that
+    /// a command used the network. Install with [`install_listener`].
+    pub notify_ip: bool,
 }
 
 const LD_W_ABS: u16 = 0x20;
@@ -51,6 +55,7 @@ const JSET_K: u16 = 0x45;
 const RET_K: u16 = 0x06;
 
 const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_USER_NOTIF: u32 = 0x7fc0_0000;
 const RET_ERRNO: u32 = 0x0005_0000;
 const RET_KILL_PROCESS: u32 = 0x8000_0000;
 
@@ -184,6 +189,21 @@ fn block(p: &mut Vec<libc::sock_filter>, nr: libc::c_long, body: Vec<libc::sock_
     p.extend(body);
 }
 
+/// The end of `socket`'s rules: allowed, and an IP socket told to the
+/// listener first when `notify`.
+fn allow_socket(notify: bool) -> Vec<libc::sock_filter> {
+    if !notify {
+        return vec![stmt(RET_K, RET_ALLOW)];
+    }
+    vec![
+        stmt(LD_W_ABS, off_arg(0)),
+        jump(JEQ_K, libc::AF_INET as u32, 2, 0),
+        jump(JEQ_K, libc::AF_INET6 as u32, 1, 0),
+        stmt(RET_K, RET_ALLOW),
+        stmt(RET_K, RET_USER_NOTIF),
+    ]
+}
+
 /// The filter program.
 pub fn program(opts: Options) -> Vec<libc::sock_filter> {
     let mut p = Vec::with_capacity(128);
@@ -292,8 +312,10 @@ pub fn program(opts: Options) -> Vec<libc::sock_filter> {
             body.push(jump(JEQ_K, *proto as u32, k - i as u8, 0));
         }
         body.push(stmt(RET_K, errno(libc::EPERM)));
-        body.push(stmt(RET_K, RET_ALLOW));
+        body.extend(allow_socket(opts.notify_ip));
         block(&mut p, libc::SYS_socket, body);
+    } else if opts.notify_ip {
+        block(&mut p, libc::SYS_socket, allow_socket(true));
     }
     if opts.sockets == Sockets::Ports {
         // Connections to the listed ports, not a server for anyone: an
@@ -317,6 +339,69 @@ pub fn program(opts: Options) -> Vec<libc::sock_filter> {
     }
     p.push(stmt(RET_K, RET_ALLOW));
     p
+}
+
+/// [`install`], returning the descriptor on which the kernel tells of the
+/// calls `prog` sends to user space (`notify_ip`).
+pub fn install_listener(prog: &[libc::sock_filter]) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: fprog points at a live program for the call; the kernel
+    // copies it and returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just made this descriptor for us.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Answers one notification on `listener`: the call goes on as the
+/// process made it (the filter only watches). Whether one came, or an
+/// error (the process died meanwhile: nothing to answer).
+pub fn answer_one(listener: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the kernel requires a zeroed buffer of its size.
+    let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    // SAFETY: an ioctl filling req.
+    if unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_RECV,
+            &mut req,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut resp = libc::seccomp_notif_resp {
+        id: req.id,
+        val: 0,
+        error: 0,
+        flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
+    };
+    // SAFETY: an ioctl reading resp. ENOENT: the process is gone.
+    if unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND,
+            &mut resp,
+        )
+    } < 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Installs `prog` on the calling thread, for good. `no_new_privs` must be
@@ -429,6 +514,7 @@ mod tests {
                 sockets: Sockets::Local,
                 deny_ptrace: true,
                 deny_owner_changes: true,
+                notify_ip: false,
             },
             || unsafe {
                 if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) != -1 || errno() != libc::EPERM
@@ -463,6 +549,7 @@ mod tests {
             sockets: Sockets::Namespaced,
             deny_ptrace: false,
             deny_owner_changes: false,
+            notify_ip: false,
         };
         let code = in_child(opts, || unsafe {
             let ip = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
@@ -481,6 +568,7 @@ mod tests {
             sockets: Sockets::Ports,
             deny_ptrace: false,
             deny_owner_changes: false,
+            notify_ip: false,
         };
         let dir = tempfile::tempdir().unwrap();
         let name = |n: &str| {

@@ -604,6 +604,7 @@ fn failed(reason: String) -> CommandResult {
         stderr: String::new(),
         duration_ms: 0,
         reason,
+        network: false,
     }
 }
 
@@ -626,6 +627,7 @@ fn command_result(store: &Store, c: &pb::Command) -> CommandResult {
             .finished_at_ms
             .saturating_sub(c.started_at_ms.max(c.created_at_ms)),
         reason: c.reason.clone(),
+        network: c.network,
     }
 }
 
