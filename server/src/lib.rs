@@ -28,6 +28,7 @@ mod agents;
 mod channels;
 mod cluster;
 mod commands;
+mod console;
 mod dist;
 mod gate;
 mod gateway;
@@ -52,6 +53,7 @@ mod webhook;
 
 pub use agents::programs::SandboxPrograms;
 pub use commands::OutputKeep;
+pub use console::Listen as ConsoleListen;
 pub use migrate::{migrate as migrate_store, MigrateReport};
 pub use monitor::Listen as MetricsListen;
 pub use startup::{redact_url, run, ModelOptions, ServerInfo, ServerOptions};

@@ -68,6 +68,9 @@ pub struct ServerOptions {
     /// beside the admin API on its port by default (see [`crate::monitor`]
     /// for why), on a port of their own, or nowhere.
     pub listen_metrics: crate::monitor::Listen,
+    /// Where the web console is served (HTTPS, the server's certificate):
+    /// see [`crate::console`].
+    pub listen_console: crate::console::Listen,
     pub models: ModelOptions,
 }
 
@@ -83,6 +86,9 @@ pub struct ServerInfo {
     /// default); empty when it is not.
     #[serde(default)]
     pub metrics_addr: String,
+    /// The web console's base URL (`https://…`); empty when it is off.
+    #[serde(default)]
+    pub console_url: String,
     pub public_addr: String,
     pub ca_sha256: String,
     pub pid: u32,
@@ -114,6 +120,8 @@ struct Bound {
     webhook: tokio::net::TcpListener,
     /// `--listen-metrics ADDR`'s port.
     metrics: Option<tokio::net::TcpListener>,
+    /// The web console's port.
+    console: Option<tokio::net::TcpListener>,
 }
 
 async fn bind(opts: &ServerOptions) -> anyhow::Result<Bound> {
@@ -172,12 +180,14 @@ async fn bind(opts: &ServerOptions) -> anyhow::Result<Bound> {
         ),
         _ => None,
     };
+    let console = crate::console::bind(opts.listen_console).await?;
     Ok(Bound {
         quic,
         tcp,
         api,
         webhook,
         metrics,
+        console,
     })
 }
 
@@ -308,6 +318,13 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let identity = Arc::new(identity(&opts, &store, &vault, quic_addr)?);
+    let console_url = match &bound.console {
+        Some(l) => Some(crate::console::base_url(
+            l.local_addr()?,
+            &identity.public_addr,
+        )),
+        None => None,
+    };
 
     // Every connection is a file: use all the kernel allows, and size the
     // pre-authentication gates so strangers can never take all of them.
@@ -386,6 +403,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         webhook_addr: webhook_addr.to_string(),
         api_addr: api_addr.to_string(),
         metrics_addr,
+        console_url: console_url.clone().unwrap_or_default(),
         public_addr: identity.public_addr.clone(),
         ca_sha256: byom_wire::hex(&identity.pki.ca_sha256),
         pid: std::process::id(),
@@ -476,6 +494,17 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         idem: idem.clone(),
         shutdown: shutdown.clone(),
         channels: channels.clone(),
+        console_url,
+    };
+    let console_task = match bound.console {
+        Some(l) => Some(tokio::spawn(
+            crate::console::Console::new(api.clone()).serve(
+                l,
+                crate::tls::webhook_server_config(&identity.pki, None)?,
+                shutdown.clone(),
+            ),
+        )),
+        None => None,
     };
     let metrics_task = bound
         .metrics
@@ -525,6 +554,9 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     gw_tcp.abort();
     if let Some(m) = metrics_task {
         m.abort();
+    }
+    if let Some(c) = console_task {
+        c.abort();
     }
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
         let _ = gw_quic.await;
@@ -656,8 +688,16 @@ fn next_steps(opts: &ServerOptions, info: &ServerInfo) {
             info.metrics_addr
         )
     };
+    let console = if info.console_url.is_empty() {
+        "  console:  off (--listen-console ADDR serves it)".to_string()
+    } else {
+        format!(
+            "  console:  {}   (`byom console` prints a one-time login link)",
+            info.console_url
+        )
+    };
     let text = format!(
-        "\nbyom server {} is up (pid {}, data dir {})\n  daemons:  {} (QUIC/UDP; TCP fallback {})\n  admin API: {}   webhooks: {}\n{metrics}\n{model}\n\nAdmin credentials are in {}. In another shell:\n{point}\n  byom token create --name lap        # then on the laptop: byomd pair <token>\n  byom machines ls\n\n",
+        "\nbyom server {} is up (pid {}, data dir {})\n  daemons:  {} (QUIC/UDP; TCP fallback {})\n  admin API: {}   webhooks: {}\n{metrics}\n{console}\n{model}\n\nAdmin credentials are in {}. In another shell:\n{point}\n  byom token create --name lap        # then on the laptop: byomd pair <token>\n  byom machines ls\n\n",
         info.version,
         info.pid,
         opts.data_dir.display(),

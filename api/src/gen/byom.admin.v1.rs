@@ -3918,6 +3918,31 @@ pub mod admins_client {
                 .insert(GrpcMethod::new("byom.admin.v1.Admins", "RevokeAdmin"));
             self.inner.unary(req, path, codec).await
         }
+        /// A single-use link to the web console (5 minutes), bound to the caller.
+        pub async fn console_link(
+            &mut self,
+            request: impl tonic::IntoRequest<::byom_protocol::pb::ConsoleLinkRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::byom_protocol::pb::ConsoleLinkResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/byom.admin.v1.Admins/ConsoleLink",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("byom.admin.v1.Admins", "ConsoleLink"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -3952,6 +3977,14 @@ pub mod admins_server {
             request: tonic::Request<::byom_protocol::pb::AdminRef>,
         ) -> std::result::Result<
             tonic::Response<::byom_protocol::pb::AdminView>,
+            tonic::Status,
+        >;
+        /// A single-use link to the web console (5 minutes), bound to the caller.
+        async fn console_link(
+            &self,
+            request: tonic::Request<::byom_protocol::pb::ConsoleLinkRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::byom_protocol::pb::ConsoleLinkResponse>,
             tonic::Status,
         >;
     }
@@ -4154,6 +4187,54 @@ pub mod admins_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = RevokeAdminSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/byom.admin.v1.Admins/ConsoleLink" => {
+                    #[allow(non_camel_case_types)]
+                    struct ConsoleLinkSvc<T: Admins>(pub Arc<T>);
+                    impl<
+                        T: Admins,
+                    > tonic::server::UnaryService<
+                        ::byom_protocol::pb::ConsoleLinkRequest,
+                    > for ConsoleLinkSvc<T> {
+                        type Response = ::byom_protocol::pb::ConsoleLinkResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::byom_protocol::pb::ConsoleLinkRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Admins>::console_link(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ConsoleLinkSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

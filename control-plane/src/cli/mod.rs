@@ -10,6 +10,7 @@ mod audit;
 mod chat;
 mod commands;
 mod connectors;
+mod console;
 mod cp;
 mod demo;
 mod docs;
@@ -115,6 +116,9 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Print a one-time link (5 minutes) that signs you in to the web
+    /// console as yourself.
+    Console(console::ConsoleArgs),
     /// People who may use the API, each with a personal certificate.
     #[command(subcommand)]
     Admins(admins::AdminsCmd),
@@ -342,6 +346,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Trust(x) => trust::run(&mut connect(g).await?, x).await,
         Cmd::Admins(x) => admins::run(g, x).await,
         Cmd::Status { json } => status::run(&mut connect(g).await?, json).await,
+        Cmd::Console(x) => console::run(&mut connect(g).await?, x).await,
         Cmd::Events(x) => events::run(&mut connect(g).await?, x).await,
         Cmd::Policy(x) => policy::run(&mut connect(g).await?, x).await,
         Cmd::Connectors(x) => connectors::run(&mut connect(g).await?, x).await,

@@ -27,6 +27,12 @@ pub struct ServerArgs {
     /// own (e.g. 0.0.0.0:9464 for a Prometheus elsewhere), or `off`.
     #[arg(long, default_value = "admin", value_name = "ADDR")]
     pub listen_metrics: byom_server::MetricsListen,
+    /// Where the web console is served (HTTPS with the server's
+    /// certificate; sign in with `byom console`): HOST:PORT, or `off`.
+    /// Default 127.0.0.1:7446, left off with a warning if that port is
+    /// taken.
+    #[arg(long, value_name = "ADDR")]
+    pub listen_console: Option<byom_server::ConsoleListen>,
     /// HTTPS address for webhooks: GitHub's and Slack's endpoints, and
     /// POST /hooks/SOURCE with an HMAC-SHA256 signature (key in
     /// <data-dir>/webhook.key). Plain HTTP is accepted from this machine.
@@ -139,6 +145,9 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
         store: a.store,
         store_key_file: a.store_key_file,
         listen_metrics: a.listen_metrics,
+        listen_console: a
+            .listen_console
+            .unwrap_or(byom_server::ConsoleListen::Default),
         models: byom_server::ModelOptions {
             model: m.model,
             router_model: m.router_model,

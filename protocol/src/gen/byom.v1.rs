@@ -1592,6 +1592,27 @@ pub struct AdminRef {
     #[prost(string, tag = "1")]
     pub name: ::prost::alloc::string::String,
 }
+/// `byom console`: a single-use login link to the web console, bound to
+/// the calling admin (its certificate's name and key).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ConsoleLinkRequest {
+    /// The session may look but not act (no approve, deny, cancel).
+    #[prost(bool, tag = "1")]
+    pub read_only: bool,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ConsoleLinkResponse {
+    /// <https://HOST:PORT/login/SECRET:> opened once, within the TTL.
+    #[prost(string, tag = "1")]
+    pub url: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub expires_at_ms: u64,
+    /// Who the session acts as (`admin:NAME`).
+    #[prost(string, tag = "3")]
+    pub admin: ::prost::alloc::string::String,
+    #[prost(bool, tag = "4")]
+    pub read_only: bool,
+}
 /// What a creating call with an idempotency key created: a retry with the
 /// same key finds it and returns that object.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -124,7 +124,7 @@ impl Api {
         })
     }
 
-    pub(super) fn list_approvals(&self, all: bool) -> Result<pb::ApprovalList, Status> {
+    pub(crate) fn list_approvals(&self, all: bool) -> Result<pb::ApprovalList, Status> {
         Ok(pb::ApprovalList {
             approvals: self
                 .approvals()?
@@ -237,7 +237,7 @@ impl Api {
         ))
     }
 
-    pub(super) async fn answer(
+    pub(crate) async fn answer(
         &self,
         r: pb::AnswerApprovalRequest,
         by: &str,

@@ -37,7 +37,7 @@ fn may_have_output(c: &pb::Command, offsets: [u64; 2]) -> bool {
 }
 
 impl Api {
-    pub(super) fn command(&self, id: &str) -> Result<pb::Command, Status> {
+    pub(crate) fn command(&self, id: &str) -> Result<pb::Command, Status> {
         self.store
             .get_command(id)
             .map_err(store_err)?
@@ -130,7 +130,7 @@ impl Api {
         Ok(pb::CommandResponse { command: Some(c) })
     }
 
-    pub(super) fn list_commands(
+    pub(crate) fn list_commands(
         &self,
         req: pb::ListCommandsRequest,
     ) -> Result<pb::ListCommandsResponse, Status> {
@@ -175,7 +175,7 @@ impl Api {
         Ok(pb::CommandResponse { command: Some(c) })
     }
 
-    pub(super) fn watch_command(
+    pub(crate) fn watch_command(
         &self,
         req: pb::WatchCommandRequest,
     ) -> Result<Stream<pb::CommandEvent>, Status> {

@@ -188,7 +188,7 @@ impl Api {
         Ok(pb::RevokeTokenResponse { token: Some(t) })
     }
 
-    pub(super) fn list_machines(
+    pub(crate) fn list_machines(
         &self,
         req: pb::ListMachinesRequest,
     ) -> Result<pb::ListMachinesResponse, Status> {

@@ -58,6 +58,9 @@ pub struct Api {
     pub idem: Idempotency,
     pub shutdown: CancellationToken,
     pub channels: Arc<crate::channels::Channels>,
+    /// The web console's base URL (`https://HOST:PORT`), for login links;
+    /// `None` when it is off.
+    pub console_url: Option<String>,
 }
 
 /// A TLS connection from an authenticated admin.

@@ -60,6 +60,36 @@ impl Api {
         Ok(super::views::admin(&r, by))
     }
 
+    /// A single-use login link to the console for the calling admin
+    /// (its certificate's name and key): the session acts as them.
+    pub(super) fn console_link(
+        &self,
+        r: pb::ConsoleLinkRequest,
+        who: Option<super::AdminIdentity>,
+    ) -> Result<pb::ConsoleLinkResponse, Status> {
+        let who = who.ok_or_else(|| Status::unauthenticated("no admin certificate"))?;
+        let Some(base) = &self.console_url else {
+            return Err(Status::failed_precondition(
+                "the web console is off on this server: start it with --listen-console HOST:PORT",
+            ));
+        };
+        let (secret, expires_at_ms) = crate::console::sessions::create_link(
+            &self.store,
+            &who.name,
+            &who.spki,
+            r.read_only,
+            byom_wire::now_ms(),
+        )
+        .map_err(store_err)?;
+        tracing::info!(admin = %who.name, read_only = r.read_only, "console login link made");
+        Ok(pb::ConsoleLinkResponse {
+            url: format!("{base}/login/{secret}"),
+            expires_at_ms,
+            admin: format!("admin:{}", who.name),
+            read_only: r.read_only,
+        })
+    }
+
     fn may_manage(&self, by: &str) -> Result<(), Status> {
         let trust = crate::trust::load(&self.store).map_err(store_err)?;
         if trust.may_approve(by, None) {

@@ -108,6 +108,13 @@ impl Admins for Api {
         let by = caller(&req);
         ok(Api::revoke_admin(self, &req.into_inner().name, &by))
     }
+    async fn console_link(
+        &self,
+        req: Request<pb::ConsoleLinkRequest>,
+    ) -> Reply<pb::ConsoleLinkResponse> {
+        let who = req.extensions().get::<super::AdminIdentity>().cloned();
+        ok(Api::console_link(self, req.into_inner(), who))
+    }
 }
 
 #[tonic::async_trait]
