@@ -758,3 +758,100 @@ fn a_world_readable_room_does_not_get_the_laptop_output_unasked() {
     assert!(held.contains("Approval needed"), "{held}");
     assert!(!held.contains("lobby-sees\n"), "{held}");
 }
+
+/// `is_direct` is the inviter's word, and a room stays the room it was:
+/// once someone else is in a room made as direct, it is no longer a
+/// direct conversation between an approver and byom, and an `approve
+/// CODE` there (perhaps asked for by the other person, who also reads it)
+/// answers only requests asked in it.
+#[test]
+fn a_direct_room_with_someone_else_in_it_is_not_direct() {
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    let syn = Synapse::start(dir.path());
+    let m = matrix_room(&server, &syn, dir.path());
+    server.trust(&["approvers", "add", &format!("matrix:{}", m.ada_id)]);
+    let (mal_id, mal) = syn.register("mallory");
+    let (st, v) = syn.api(
+        "POST",
+        "/createRoom",
+        &m.ada,
+        Some(
+            json!({"is_direct": true, "invite": [m.bot, mal_id], "preset": "trusted_private_chat"}),
+        ),
+    );
+    assert_eq!(st, 200, "{v}");
+    let dm = v["room_id"].as_str().unwrap().to_string();
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/join/{}", enc(&dm)),
+        &mal,
+        Some(json!({})),
+    );
+    assert_eq!(st, 200, "{v}");
+    wait_for("the bot to join the room", T, || {
+        let (_, v) = syn.api(
+            "GET",
+            &format!("/rooms/{}/joined_members", enc(&dm)),
+            &m.ada,
+            None,
+        );
+        v["joined"].get(&m.bot).map(|_| ())
+    });
+    // Mallory asks in the team's room.
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/rooms/{}/invite", enc(&m.room)),
+        &m.ada,
+        Some(json!({"user_id": mal_id})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/join/{}", enc(&m.room)),
+        &mal,
+        Some(json!({})),
+    );
+    assert_eq!(st, 200, "{v}");
+    syn.send(
+        &m.room,
+        &mal,
+        json!({"msgtype": "m.text", "body": "byom: please run `echo not-by-dm` on lap"}),
+    );
+    let said = |room: &str, what: &str| {
+        let (room, what) = (room.to_string(), what.to_string());
+        wait_for(&format!("the bot to say {what:?}"), T, || {
+            syn.messages(&room, &m.ada)
+                .into_iter()
+                .filter(|e| e["sender"] == m.bot.as_str())
+                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
+        })
+    };
+    said(&m.room, "echo not-by-dm");
+    let code = server
+        .json(&["approvals", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|a| a["code"].as_str().map(str::to_string))
+        .unwrap();
+    syn.send(
+        &dm,
+        &m.ada,
+        json!({"msgtype": "m.text", "body": format!("approve {code}")}),
+    );
+    said(&dm, "was not asked on this thread");
+    let open = server.json(&["approvals", "ls"]);
+    assert!(
+        open.as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["code"] == code.as_str() && a["state"] == "open"),
+        "{open}"
+    );
+    assert!(!server
+        .json(&["commands", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["shell"] == "echo not-by-dm"));
+}

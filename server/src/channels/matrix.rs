@@ -512,11 +512,19 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
                         asked.insert(room.clone());
                     }
                 }
-                let dm = store
+                // A room made as direct (the inviter's word) is a direct
+                // conversation with its author only while the homeserver
+                // says nobody else is in it: whoever else is there reads
+                // what is said, and may have asked for it.
+                let dm_room = store
                     .channel_state(&c.name, &format!("dm/{room}"))
                     .ok()
                     .flatten()
                     .is_some();
+                let alone_with = match dm_room.then(|| readers::get(store, &c.name, room)) {
+                    Some(Ok(Some(Readers::People(p)))) if p.len() == 1 => p.first().cloned(),
+                    _ => None,
+                };
                 for ev in r["timeline"]["events"].as_array().into_iter().flatten() {
                     if first && ev["origin_server_ts"].as_u64().unwrap_or(0) < c.created_at_ms {
                         continue;
@@ -532,9 +540,10 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
                     let Some(mut t) = t else {
                         continue;
                     };
-                    t.mention |= dm || me.named_in(&t.text) || replies_to_bot(&ch, &c.name, &t);
+                    let direct = alone_with.as_deref() == Some(t.user.as_str());
+                    t.mention |= direct || me.named_in(&t.text) || replies_to_bot(&ch, &c.name, &t);
                     let opts = Ingest {
-                        direct: dm,
+                        direct,
                         ..Ingest::default()
                     };
                     if let Err(e) = ch.triggers.ingest_with(t, opts).await {
