@@ -71,6 +71,9 @@ pub struct ServerOptions {
     /// Where the web console is served (HTTPS, the server's certificate):
     /// see [`crate::console`].
     pub listen_console: crate::console::Listen,
+    /// How long a console login link lives (at most 5 minutes; shorter
+    /// for tests).
+    pub console_link_ttl: Duration,
     pub models: ModelOptions,
 }
 
@@ -495,6 +498,7 @@ pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
         shutdown: shutdown.clone(),
         channels: channels.clone(),
         console_url,
+        console_link_ttl: opts.console_link_ttl,
     };
     let console_task = match bound.console {
         Some(l) => Some(tokio::spawn(

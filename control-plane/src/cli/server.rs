@@ -33,6 +33,9 @@ pub struct ServerArgs {
     /// taken.
     #[arg(long, value_name = "ADDR")]
     pub listen_console: Option<byom_server::ConsoleListen>,
+    /// How long a console login link lives (at most 5 minutes).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, hide = true)]
+    pub console_link_ttl: Duration,
     /// HTTPS address for webhooks: GitHub's and Slack's endpoints, and
     /// POST /hooks/SOURCE with an HMAC-SHA256 signature (key in
     /// <data-dir>/webhook.key). Plain HTTP is accepted from this machine.
@@ -148,6 +151,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<i32> {
         listen_console: a
             .listen_console
             .unwrap_or(byom_server::ConsoleListen::Default),
+        console_link_ttl: a.console_link_ttl,
         models: byom_server::ModelOptions {
             model: m.model,
             router_model: m.router_model,

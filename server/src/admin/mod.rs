@@ -61,6 +61,9 @@ pub struct Api {
     /// The web console's base URL (`https://HOST:PORT`), for login links;
     /// `None` when it is off.
     pub console_url: Option<String>,
+    /// How long a console login link lives (at most
+    /// [`crate::console::sessions::LINK_TTL`]).
+    pub console_link_ttl: Duration,
 }
 
 /// A TLS connection from an authenticated admin.

@@ -78,6 +78,7 @@ impl Api {
             &who.name,
             &who.spki,
             r.read_only,
+            self.console_link_ttl,
             byom_wire::now_ms(),
         )
         .map_err(store_err)?;

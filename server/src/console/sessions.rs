@@ -100,17 +100,19 @@ fn key(prefix: &str, secret: &str) -> String {
 }
 
 /// A new login link's secret for `admin` (name and key), and when it
-/// expires. Prunes ended links and sessions on the way.
+/// expires (after `ttl`, at most [`LINK_TTL`]). Prunes ended links and
+/// sessions on the way.
 pub fn create_link(
     store: &Store,
     admin: &str,
     spki: &str,
     read_only: bool,
+    ttl: Duration,
     now: u64,
 ) -> Result<(String, u64), StoreError> {
     prune(store, now)?;
     let s = secret()?;
-    let expires_ms = now + LINK_TTL.as_millis() as u64;
+    let expires_ms = now + ttl.min(LINK_TTL).as_millis() as u64;
     let link = Link {
         admin: admin.to_string(),
         spki: spki.to_string(),
@@ -244,7 +246,7 @@ mod tests {
     fn a_link_signs_in_once_and_sessions_end() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::open_sled(d.path()).unwrap();
-        let (link, exp) = create_link(&store, "alice", "k", false, 1_000).unwrap();
+        let (link, exp) = create_link(&store, "alice", "k", false, LINK_TTL, 1_000).unwrap();
         assert_eq!(exp, 1_000 + LINK_TTL.as_millis() as u64);
         let (cookie, s) = redeem(&store, &link, 2_000).unwrap();
         assert_eq!(s.who(), "admin:alice");
@@ -260,7 +262,7 @@ mod tests {
             redeem(&store, "x", 2_001),
             Err(LoginError::Unknown)
         ));
-        let (late, _) = create_link(&store, "bob", "k", true, 3_000).unwrap();
+        let (late, _) = create_link(&store, "bob", "k", true, LINK_TTL * 2, 3_000).unwrap();
         assert!(matches!(
             redeem(&store, &late, 3_000 + LINK_TTL.as_millis() as u64),
             Err(LoginError::Expired)
@@ -275,7 +277,7 @@ mod tests {
         let idle = 3_000 + IDLE.as_millis() as u64;
         assert!(session(&store, &cookie, idle).unwrap().is_none());
 
-        let (link, _) = create_link(&store, "alice", "k", false, 10_000).unwrap();
+        let (link, _) = create_link(&store, "alice", "k", false, LINK_TTL, 10_000).unwrap();
         let (cookie, _) = redeem(&store, &link, 10_000).unwrap();
         let mut t = 10_000;
         while t < 10_000 + MAX_AGE.as_millis() as u64 - 1 {
