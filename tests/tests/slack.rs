@@ -29,6 +29,19 @@ fn slack_api() -> FakeApi {
     let posts = Arc::new(AtomicUsize::new(0));
     FakeApi::start(move |r: &Seen| {
         let authed = r.header("authorization") == Some(&format!("Bearer {TOKEN}"));
+        // Who is in a private channel: ada and byom; in C0GUESTS eve too.
+        if authed && r.method == "GET" && r.path.starts_with("/api/conversations.members?") {
+            let mut members = vec!["U0ADA", "UBOT"];
+            if r.path.contains("channel=C0GUESTS") {
+                members.push("U0EVE");
+            }
+            return (
+                200,
+                vec![],
+                json!({"ok": true, "members": members, "response_metadata": {"next_cursor": ""}})
+                    .to_string(),
+            );
+        }
         if r.method != "POST" || !authed {
             return (
                 200,
@@ -645,7 +658,9 @@ fn a_shared_channel_does_not_get_the_laptop_output_unasked() {
 
 /// A public channel is read by anyone in the workspace, not only by those
 /// who spoke: with only some members trusted, a trusted member's laptop
-/// output waits for a yes there; in a private channel it is posted.
+/// output waits for a yes there. A private channel is read by its members
+/// (Slack is asked who they are): posted where all are trusted, held where
+/// one (eve, who never spoke) is not.
 #[test]
 fn a_public_channel_is_read_by_the_whole_workspace() {
     let api = slack_api();
@@ -699,5 +714,22 @@ fn a_public_channel_is_read_by_the_whole_workspace() {
                 && b["text"].as_str().unwrap_or("").contains("in-the-open\n"))
         }),
         "the public channel's output was not posted"
+    );
+    ask(
+        "Ev05EVE",
+        "C0GUESTS",
+        "1700000000.000502",
+        "group",
+        "echo eve-reads",
+    );
+    let request = wait_for("the private channel's request", T, || {
+        posts(&api).into_iter().map(|r| r.json()).find(|b| {
+            b["channel"] == "C0GUESTS" && b["text"].as_str().unwrap_or("").contains("characters")
+        })
+    });
+    let text = request["text"].as_str().unwrap();
+    assert!(
+        text.contains("Approval needed") && text.contains("U0EVE"),
+        "{text}"
     );
 }

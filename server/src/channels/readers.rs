@@ -33,6 +33,13 @@ pub enum Readers {
     Anyone(String),
     /// Asking the provider failed (why): held like a stranger's room.
     Unknown(String),
+    /// These principals, each with what the provider vouched for them
+    /// (Slack's `member`/`guest`, see `Trust::judge`), as learnt at
+    /// `at_ms` (a Slack private channel's members).
+    Members {
+        people: Vec<(String, String)>,
+        at_ms: u64,
+    },
 }
 
 fn key(channel: &str) -> String {
@@ -84,6 +91,10 @@ pub fn untrusted_reader(trust: &Trust, readers: &Readers) -> Option<String> {
         Readers::Private => None,
         Readers::Anyone(why) => Some(why.clone()),
         Readers::Unknown(e) => Some(format!("who is in it could not be learnt ({e})")),
+        Readers::Members { people, .. } => people
+            .iter()
+            .find(|(p, vouched)| !trust.judge(p, vouched).trusted)
+            .map(|(p, _)| format!("{p}, whom the server does not trust, is in it")),
     }
 }
 
@@ -120,6 +131,23 @@ mod tests {
         )
         .is_some());
         assert!(untrusted_reader(&t, &Readers::Unknown("HTTP 500".into())).is_some());
+        let members = |v: &[(&str, &str)]| Readers::Members {
+            people: v
+                .iter()
+                .map(|(p, a)| (p.to_string(), a.to_string()))
+                .collect(),
+            at_ms: 1,
+        };
+        let ws = trust(&[], true);
+        assert_eq!(
+            untrusted_reader(&ws, &members(&[("slack:T1/U1", "member")])),
+            None
+        );
+        assert!(untrusted_reader(
+            &ws,
+            &members(&[("slack:T1/U1", "member"), ("slack:T1/U2", "guest")])
+        )
+        .is_some());
         assert_eq!(untrusted_reader(&t, &Readers::People(vec![])), None);
     }
 

@@ -286,7 +286,10 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
     // that holds laptop output rather than posts it.
     let said = match v["event"]["channel_type"].as_str() {
         Some("channel") => Some(Readers::Workspace(team.to_string())),
-        Some("group" | "im" | "mpim") => Some(Readers::Private),
+        // Read by its members, silent ones included: Slack is asked who
+        // they are (again after READERS_TTL_MS), and each is judged.
+        Some("group" | "mpim") => private_readers(ch, c, &ev.channel, team, &bot_user).await,
+        Some("im") => Some(Readers::Private),
         _ => None,
     };
     let who = match (said, readers::get(&ch.store, &c.name, &ev.channel)) {
@@ -342,6 +345,90 @@ const MEMBERSHIP_TTL_MS: u64 = 3600 * 1000;
 /// Longest the events handler waits for `users.info` (Slack itself waits
 /// three seconds for the whole answer).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// How long a private channel's member list is taken as current.
+const READERS_TTL_MS: u64 = 10 * 60 * 1000;
+/// The most members of a private channel judged one by one; more are
+/// taken as people nobody vouched for.
+const MAX_CHANNEL_MEMBERS: usize = 200;
+/// How long learning who is in a channel may hold up an event's answer
+/// (Slack wants one within 3 s).
+const READERS_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// Who reads a private channel (`conversations.members`, each judged as
+/// `users.info` says when members are trusted as such), or None to keep a
+/// list learnt less than [`READERS_TTL_MS`] ago. Anything that fails is
+/// noted as unknown: the gate holds laptop output there until Slack says.
+async fn private_readers(
+    ch: &Channels,
+    c: &pb::Connector,
+    channel: &str,
+    team: &str,
+    bot_user: &str,
+) -> Option<Readers> {
+    let now = byom_wire::now_ms();
+    if let Ok(Some(Readers::Members { at_ms, .. })) = readers::get(&ch.store, &c.name, channel) {
+        if at_ms + READERS_TTL_MS > now {
+            return None;
+        }
+    }
+    let ask = async {
+        let api = SlackApi::new(c);
+        let r = http::request(
+            "GET",
+            &format!(
+                "{}/conversations.members?channel={}&limit={}",
+                api.base,
+                super::matrix::enc(channel),
+                MAX_CHANNEL_MEMBERS
+            ),
+            &[("authorization", format!("Bearer {}", api.token))],
+            None,
+            MEMBERSHIP_TIMEOUT,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let v = r.json();
+        if v["ok"] != true {
+            return Err(format!(
+                "conversations.members: {} (the app needs groups:read and mpim:read)",
+                v["error"].as_str().unwrap_or("not ok")
+            ));
+        }
+        let ids: Vec<&str> = v["members"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let more = v["response_metadata"]["next_cursor"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty());
+        if more || ids.len() > MAX_CHANNEL_MEMBERS {
+            return Ok(Readers::Many(ids.len()));
+        }
+        let by_membership = crate::trust::load(&ch.store).is_ok_and(|t| t.slack_members);
+        let mut people = Vec::new();
+        for id in ids.into_iter().filter(|id| *id != bot_user) {
+            let vouched = if by_membership {
+                membership(ch, c, id).await
+            } else {
+                String::new()
+            };
+            people.push((format!("slack:{team}/{id}"), vouched));
+        }
+        Ok(Readers::Members {
+            people,
+            at_ms: byom_wire::now_ms(),
+        })
+    };
+    Some(match tokio::time::timeout(READERS_TIMEOUT, ask).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            tracing::warn!(connector = %c.name, channel, "cannot learn who reads it: {e}");
+            Readers::Unknown(e)
+        }
+        Err(_) => Readers::Unknown("Slack did not say who is in it in time".into()),
+    })
+}
 
 /// `member` or `guest` (single- or multi-channel) for a user of the
 /// workspace, from `users.info`, remembered for an hour; `""` when Slack
