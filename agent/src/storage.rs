@@ -23,6 +23,10 @@ pub mod keys {
     pub const ROUTER_QUEUE: &str = "q/router/";
     /// The durable inbox: `i/TIME SEQ` → an event, in arrival order.
     pub const INBOX: &str = "i/";
+    /// Inbox entries this version could not read, kept as they were
+    /// (`x/TIME SEQ`) rather than dropped: bad input loses nothing, and
+    /// stops nothing behind it.
+    pub const UNREADABLE: &str = "x/";
     /// The Router's record (under [`RECORD`]).
     pub const ROUTER: &str = "router";
     /// What became of a trigger: `f/trg_…` → a line for `byom show`.

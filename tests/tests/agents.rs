@@ -639,3 +639,50 @@ fn the_demo_runs_to_the_end() {
     );
     assert!(said.contains("summary"), "{said}");
 }
+
+/// An inbox entry this version cannot read (a newer server's, a torn
+/// write) is kept aside, not dropped, and stops nothing behind it.
+#[test]
+fn an_unreadable_inbox_entry_is_kept_aside_and_stops_nothing() {
+    if byom_tests::test_store_is_postgres() {
+        // The embedded store's files are written directly here.
+        return;
+    }
+    use byom_store::{Op, Space, Store};
+    let (_dir, mut server, _lap) = setup_env(&[], &[]);
+    server.kill9();
+    let at = server.data_dir.join("store");
+    let entry = "00000000000000010000000001";
+    {
+        let store = Store::open_sled(&at).unwrap();
+        store
+            .batch(&[Op::put(
+                Space::Agents,
+                format!("i/{entry}").into_bytes(),
+                b"{\"from\": \"a newer byom\"".to_vec(),
+            )])
+            .unwrap();
+        store.flush().unwrap();
+    }
+    server.restart();
+    say(
+        &server,
+        "after",
+        "please run `echo after-the-bad-one` on lap",
+    );
+    wait_for("the reply after it", T, || {
+        replies(&server, "after")
+            .into_iter()
+            .find(|r| r.contains("after-the-bad-one"))
+    });
+    server.kill9();
+    let store = Store::open_sled(&at).unwrap();
+    let kept = store.scan_prefix(Space::Agents, "x/", 10).unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].0, entry);
+    assert!(String::from_utf8_lossy(&kept[0].1).contains("a newer byom"));
+    assert!(store
+        .scan_prefix(Space::Agents, "i/", 10)
+        .unwrap()
+        .is_empty());
+}

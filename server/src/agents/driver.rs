@@ -235,8 +235,16 @@ impl Driver {
                         }
                     }
                     Err(e) => {
-                        tracing::error!("unreadable agent inbox entry dropped: {e}");
-                        let _ = self.h.store.batch(&[Op::delete(Space::Agents, key)]);
+                        // Set aside in the same write that takes it out of
+                        // the inbox: what comes after it goes on.
+                        let aside = format!("{}{k}", keys::UNREADABLE);
+                        tracing::error!(
+                            "unreadable agent inbox entry kept as {aside} and skipped: {e}"
+                        );
+                        let _ = self.h.store.batch(&[
+                            Op::put(Space::Agents, aside.into_bytes(), v.clone()),
+                            Op::delete(Space::Agents, key),
+                        ]);
                     }
                 }
             }
