@@ -563,6 +563,17 @@ fn the_network_follows_the_owners_rule_per_origin() {
             format!("sh -c 'sh -c \"bash -c \\\"echo hi > /dev/tcp/127.0.0.1/{port}\\\"\"'"),
             true,
         ),
+        // Not only IP reaches another machine: VSOCK reaches the
+        // hypervisor's host (told whether this kernel has it or not).
+        (
+            "/usr/bin/python3 -c 'import socket; socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)' || true".to_string(),
+            true,
+        ),
+        // A unix socket pair stays on the machine.
+        (
+            "/usr/bin/python3 -c 'import socket; socket.socketpair()'".to_string(),
+            false,
+        ),
     ] {
         let id = l.detach(&line);
         let c = l.wait_ended(&id);

@@ -1,16 +1,19 @@
 //! Whether a command used the network, as the kernel saw it.
 //!
 //! A command whose sandbox lets it reach other machines gets a seccomp
-//! filter that sends every IP `socket()` to a listener before it goes on
-//! (`seccomp::Options::notify_ip`). The command's process installs the
-//! filter and hands the listener to the sandbox helper over a socket pair
-//! made for it; the helper answers each notification ("go on", it only
-//! watches) and writes what it learnt to byomd on [`super::linux::USAGE_FD`]:
-//! [`WATCHING`] once it holds the listener, [`USED`] at the first IP
-//! socket. byomd reads that when the command ends ([`read_usage`]); only a
+//! filter that sends every `socket()` that could reach one (any family
+//! but unix and netlink: IP, and VSOCK, Bluetooth, SMC…) to a listener
+//! before it goes on (`seccomp::Options::notify_ip`). The command's
+//! process installs the filter and hands the listener to the sandbox
+//! helper over a socket pair made for it; the helper answers each
+//! notification ("go on", it only watches) and writes what it learnt to
+//! byomd on [`super::linux::USAGE_FD`]: [`WATCHING`] once it holds the
+//! listener, [`USED`] at the first such socket, before letting it be
+//! made. byomd reads that when the command ends ([`read_usage`]); only a
 //! watch that was in place and saw nothing says "no network": anything
-//! else (no watch, a helper that died) counts as used, the safe side for
-//! the server, which treats what such a command printed as anyone's words.
+//! else (no watch) counts as used, the safe side for the server, which
+//! treats what such a command printed as anyone's words. A helper that
+//! dies closes the listener, and every later such socket fails.
 //!
 //! A loopback connection counts too: a local service can relay anything.
 
@@ -65,12 +68,18 @@ impl Watch {
         if listener & libc::POLLIN != 0 {
             if let Some(l) = &self.listener {
                 use std::os::fd::AsFd;
-                // Answered whatever happens: the call goes on. A process
-                // that died meanwhile leaves nothing to answer.
-                if super::seccomp::answer_one(l.as_fd()).is_ok() && !self.used {
-                    self.used = true;
-                    tell(self.usage, USED);
-                }
+                // Told before the call goes on: a helper killed (a
+                // timeout's SIGKILL) after answering but before telling
+                // would leave a socket byomd never heard of; killed
+                // before answering, the call fails (no listener). A
+                // process that died meanwhile leaves nothing to answer.
+                let (used, usage) = (&mut self.used, self.usage);
+                let _ = super::seccomp::answer_one(l.as_fd(), || {
+                    if !*used {
+                        *used = true;
+                        tell(usage, USED);
+                    }
+                });
             }
         } else if listener != 0 {
             // Every process under the filter is gone.
@@ -227,6 +236,8 @@ mod tests {
                 ..Default::default()
             });
             let (ours, theirs) = socket_pair().unwrap();
+            // The child writes a byte here each time a told call returned.
+            let (progress_r, progress_w) = crate::sandbox::pipe().unwrap();
             // SAFETY: the child makes raw syscalls and exits.
             let pid = unsafe { libc::fork() };
             assert!(pid >= 0);
@@ -241,19 +252,35 @@ mod tests {
                         libc::_exit(101);
                     }
                     drop(l);
+                    let step = || tell(progress_w.as_raw_fd(), b'.');
                     if libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) < 0 {
                         libc::_exit(1);
                     }
                     if libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) < 0 {
                         libc::_exit(2);
                     }
+                    step();
                     if libc::socket(libc::AF_INET6, libc::SOCK_DGRAM, 0) < 0 {
                         libc::_exit(3);
                     }
+                    step();
+                    if libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0) < 0 {
+                        libc::_exit(4);
+                    }
+                    // Other machines are reached by more than IP: VSOCK
+                    // (the hypervisor's host), Bluetooth, SMC, RDS…
+                    // Told whether or not this kernel has the family
+                    // (seccomp sees the call before the kernel does).
+                    libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0);
+                    step();
+                    libc::socket(libc::AF_BLUETOOTH, libc::SOCK_STREAM, 0);
+                    step();
                     libc::_exit(0);
                 }
             }
             drop(theirs);
+            drop(progress_w);
+            let mut progress = 0;
             let listener = (0..200)
                 .find_map(|_| match recv_fd(ours.as_raw_fd()) {
                     Ok(Some(l)) => Some(l),
@@ -274,7 +301,16 @@ mod tests {
                 unsafe { libc::poll(&mut p, 1, 100) };
                 if p.revents & libc::POLLIN != 0 {
                     use std::os::fd::AsFd;
-                    if seccomp::answer_one(listener.as_fd()).is_ok() {
+                    // Told while the call still waits: the child has not
+                    // gone on past it.
+                    let mut returned = usize::MAX;
+                    if seccomp::answer_one(listener.as_fd(), || {
+                        progress += drain(&progress_r);
+                        returned = progress;
+                    })
+                    .is_ok()
+                    {
+                        assert_eq!(returned, told, "told after the call went on");
                         told += 1;
                     }
                 } else if p.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
@@ -286,8 +322,34 @@ mod tests {
             unsafe { libc::waitpid(pid, &mut st, 0) };
             assert!(libc::WIFEXITED(st), "{st}");
             assert_eq!(libc::WEXITSTATUS(st), 0, "{sockets:?}");
-            assert_eq!(told, 2, "{sockets:?}");
+            // In Ports mode only local, netlink and IP families are made
+            // at all: the others are refused before anything is told.
+            let want = if sockets == seccomp::Sockets::Any {
+                4
+            } else {
+                2
+            };
+            assert_eq!(told, want, "{sockets:?}");
         }
+    }
+
+    /// Bytes waiting in a pipe, read without blocking.
+    fn drain(fd: &OwnedFd) -> usize {
+        let mut buf = [0u8; 16];
+        let mut n = 0;
+        // SAFETY: non-blocking reads into a local buffer from our pipe.
+        unsafe {
+            let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+            for _ in 0..16 {
+                let r = libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len());
+                if r <= 0 {
+                    break;
+                }
+                n += r as usize;
+            }
+        }
+        n
     }
 
     #[test]

@@ -42,7 +42,8 @@ pub struct Options {
     /// mounts to keep them inside the write roots (Landlock does not
     /// judge them).
     pub deny_owner_changes: bool,
-    /// Every IP socket the command makes is told to the filter's listener
+    /// Every socket the command makes that could reach another machine
+    /// (any family but unix and netlink) is told to the filter's listener
     /// first (which lets it go on): how byomd learns, from the kernel, that
     /// a command used the network. Install with [`install_listener`].
     pub notify_ip: bool,
@@ -189,16 +190,19 @@ fn block(p: &mut Vec<libc::sock_filter>, nr: libc::c_long, body: Vec<libc::sock_
     p.extend(body);
 }
 
-/// The end of `socket`'s rules: allowed, and an IP socket told to the
-/// listener first when `notify`.
+/// The end of `socket`'s rules: allowed, and, when `notify`, told to the
+/// listener first unless it stays on this machine (unix and netlink
+/// sockets). Not only IP reaches other machines: VSOCK reaches the
+/// hypervisor's host, Bluetooth a device nearby, SMC and RDS run over
+/// TCP; a family named here is one that cannot, everything else is told.
 fn allow_socket(notify: bool) -> Vec<libc::sock_filter> {
     if !notify {
         return vec![stmt(RET_K, RET_ALLOW)];
     }
     vec![
         stmt(LD_W_ABS, off_arg(0)),
-        jump(JEQ_K, libc::AF_INET as u32, 2, 0),
-        jump(JEQ_K, libc::AF_INET6 as u32, 1, 0),
+        jump(JEQ_K, libc::AF_UNIX as u32, 1, 0),
+        jump(JEQ_K, libc::AF_NETLINK as u32, 0, 1),
         stmt(RET_K, RET_ALLOW),
         stmt(RET_K, RET_USER_NOTIF),
     ]
@@ -367,9 +371,16 @@ pub fn install_listener(prog: &[libc::sock_filter]) -> std::io::Result<std::os::
 }
 
 /// Answers one notification on `listener`: the call goes on as the
-/// process made it (the filter only watches). Whether one came, or an
-/// error (the process died meanwhile: nothing to answer).
-pub fn answer_one(listener: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+/// process made it (the filter only watches). `received` runs once a
+/// notification is in hand and before the call goes on, so what it
+/// records is written before the socket exists (a watcher killed between
+/// the two leaves a call that fails, never a socket nobody told of).
+/// Whether one came, or an error (the process died meanwhile: nothing to
+/// answer).
+pub fn answer_one(
+    listener: std::os::fd::BorrowedFd<'_>,
+    received: impl FnOnce(),
+) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: the kernel requires a zeroed buffer of its size.
     let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
@@ -384,6 +395,7 @@ pub fn answer_one(listener: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> 
     {
         return Err(std::io::Error::last_os_error());
     }
+    received();
     let mut resp = libc::seccomp_notif_resp {
         id: req.id,
         val: 0,
