@@ -318,6 +318,13 @@ pub async fn run_with_core<P: Programs>(
             }
         };
         oracle.saw_approvals(&core);
+        if cfg.persist || cfg.crash_every > 0 || cfg.outage_every > 0 || cfg.check_invariants {
+            oracle.saw_flags(&core).map_err(|why| SimError::Invariant {
+                step: steps,
+                event: summary.clone(),
+                why,
+            })?;
+        }
         if cfg.check_invariants {
             core.check_invariants().map_err(|why| SimError::Invariant {
                 step: steps,
@@ -656,9 +663,39 @@ struct Oracle {
     exposed: BTreeSet<String>,
     /// Every approval as last seen.
     approvals: HashMap<String, crate::state::Approval>,
+    /// Every worker's A, B and C causes as last seen (counts).
+    flags: HashMap<String, [usize; 3]>,
 }
 
 impl Oracle {
+    /// Flags never decrease (an approval lets one act go, it clears
+    /// nothing), and a worker once seen never goes missing: an ended one
+    /// keeps its flags, across crashes and reloads.
+    fn saw_flags(&mut self, core: &Core) -> Result<(), String> {
+        for (id, before) in &self.flags {
+            let Some(w) = core.worker(id) else {
+                return Err(format!("{id} (flags {before:?}) is gone"));
+            };
+            let now = [
+                w.flags.untrusted.len(),
+                w.flags.sensitive.len(),
+                w.flags.acts.len(),
+            ];
+            if now.iter().zip(before).any(|(n, b)| n < b) {
+                return Err(format!("{id}'s flags went from {before:?} to {now:?}"));
+            }
+        }
+        for (id, w) in core.workers() {
+            let now = [
+                w.flags.untrusted.len(),
+                w.flags.sensitive.len(),
+                w.flags.acts.len(),
+            ];
+            self.flags.insert(id.clone(), now);
+        }
+        Ok(())
+    }
+
     fn saw_request(&mut self, session: &str, req: &crate::llm::Request) {
         if req.messages.iter().any(|m| m.text.contains(UNTRUSTED_MARK)) {
             self.exposed.insert(session.to_string());
