@@ -282,4 +282,21 @@ impl Store {
             Some(machine.is_none_or(|m| c.machine_id == m) && state.is_none_or(|s| c.state() == s))
         })
     }
+
+    /// A page of the audit trail: up to `limit` commands (at most
+    /// [`MAX_LIST`]), newest first, all older than the command `before`
+    /// (`None`: from the newest). IDs sort by creation time, so the page's
+    /// last ID is the next page's `before`.
+    pub fn commands_before(&self, before: Option<&str>, limit: usize) -> Result<Vec<pb::Command>> {
+        let rows = self.kv.range(
+            Space::Commands,
+            Bound::Unbounded,
+            before.map_or(Bound::Unbounded, |b| Bound::Excluded(b.as_bytes())),
+            true,
+            limit.min(MAX_LIST),
+        )?;
+        rows.into_iter()
+            .map(|(k, v)| crate::decode(&String::from_utf8_lossy(&k), &v))
+            .collect()
+    }
 }

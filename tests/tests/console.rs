@@ -363,6 +363,384 @@ fn an_expired_link_is_refused() {
     assert!(r.body.contains("not known"), "{}", r.body);
 }
 
+/// `text` as the console escapes it.
+fn escaped(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+impl Console {
+    /// Reads a live stream until `needle` arrives (true) or `within`
+    /// passes (false); the stream stays open otherwise.
+    fn stream_until(
+        &self,
+        path: &str,
+        cookie: &str,
+        needle: &str,
+        within: Duration,
+    ) -> (u16, bool) {
+        let mut tls = self.tls();
+        tls.sock
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        write!(
+            tls,
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nCookie: byom_session={cookie}\r\n\r\n",
+            self.addr
+        )
+        .unwrap();
+        let start = Instant::now();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while start.elapsed() < within {
+            match tls.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break,
+            }
+            let text = String::from_utf8_lossy(&seen);
+            if text.contains(needle) {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&seen);
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, text.contains(needle))
+    }
+}
+
+/// A task's thread as a timeline (the person's hostile words escaped,
+/// the Router's decision, the worker, its running command), its worker's
+/// page with the transcript, and Cancel: refused without the session's
+/// CSRF token, from another origin and to a read-only session; done as
+/// the named admin, it stops the worker and its command. The audit page
+/// names who ran what, a page at a time; the trust page shows approvers.
+#[test]
+fn tasks_threads_timeline_cancel_audit_and_trust() {
+    let (dir, server, _d, con) = setup(&[]);
+    let ada = dir.path().join("ada-creds");
+    let o = server.byom(&["admins", "add", "ada", "--out", ada.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cookie = con.login(&link(&server, &ada, &[]));
+    let origin = con.url.clone();
+    let hostile = "please run `sleep 60` on lap <img src=x onerror=alert(1)> & \"x\"";
+    server.say("k1", hostile);
+    let cmd = wait_for("the command to run", T, || {
+        server
+            .json(&["commands", "ls"])
+            .as_array()?
+            .iter()
+            .find(|c| c.to_string().contains("sleep 60") && c["state"] == "running")
+            .cloned()
+    });
+    let cmd_id = cmd["id"].as_str().unwrap().to_string();
+    let task = server.json(&["tasks", "ls"])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let thread = server
+        .json(&["threads", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["external"] == "k1")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let tasks = con.get("/tasks", Some(&cookie));
+    assert_eq!(tasks.status, 200);
+    assert!(
+        tasks.body.contains(&format!("href=\"/workers/{task}\"")),
+        "{}",
+        tasks.body
+    );
+    let threads = con.get("/threads", Some(&cookie));
+    assert!(
+        threads
+            .body
+            .contains(&format!("href=\"/threads/{thread}\"")),
+        "{}",
+        threads.body
+    );
+
+    let tl = con.get(&format!("/threads/{thread}"), Some(&cookie));
+    assert_eq!(tl.status, 200, "{tl:?}");
+    assert!(!tl.body.contains("<img src=x"), "{}", tl.body);
+    assert!(tl.body.contains(&escaped(hostile)), "{}", tl.body);
+    assert!(
+        tl.body
+            .contains(&format!("→ given to a new worker, {task}")),
+        "{}",
+        tl.body
+    );
+    assert!(
+        tl.body.contains(&format!("href=\"/commands/{cmd_id}\"")),
+        "{}",
+        tl.body
+    );
+    assert!(tl.body.contains(">running<"), "{}", tl.body);
+    assert_eq!(con.get("/threads/thr_nope", Some(&cookie)).status, 404);
+    assert_eq!(con.get("/threads/..%2f", Some(&cookie)).status, 404);
+
+    let page = con.get(&format!("/workers/{task}"), Some(&cookie));
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("Transcript"), "{}", page.body);
+    assert!(
+        page.body.contains("class=\"msg assistant\""),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains("<img src=x"), "{}", page.body);
+    let cancel = format!("/workers/{task}/cancel");
+    assert!(page.body.contains(&format!("action=\"{cancel}\"")));
+    let csrf = csrf_of(&page.body);
+
+    // Refused: no token, another origin, a read-only session.
+    let r = con.post(&cancel, &cookie, None, Some(&origin));
+    assert_eq!(r.status, 403, "{r:?}");
+    let r = con.post(&cancel, &cookie, Some(&csrf), Some("https://evil.example"));
+    assert_eq!(r.status, 403, "{r:?}");
+    let ro = con.login(&link(&server, &ada, &["--read-only"]));
+    let ro_page = con.get(&format!("/workers/{task}"), Some(&ro));
+    assert!(!ro_page.body.contains(&format!("action=\"{cancel}\"")));
+    let r = con.post(&cancel, &ro, Some(&csrf_of(&ro_page.body)), Some(&origin));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.body.contains("read-only"), "{}", r.body);
+    assert_eq!(server.command(&cmd_id)["state"], "running");
+
+    // Cancelled, as Ada: the worker and its command stop.
+    let r = con.post(&cancel, &cookie, Some(&csrf), Some(&origin));
+    assert_eq!(r.status, 303, "{r:?}");
+    let to = r.header("location").unwrap();
+    assert_eq!(to, format!("/workers/{task}?cancelled=1"));
+    assert!(con.get(&to, Some(&cookie)).body.contains("Cancelling"));
+    assert_eq!(server.wait_done(&cmd_id, T)["state"], "cancelled");
+    wait_for("the task to be cancelled", T, || {
+        (server.json(&["tasks", "ls"])[0]["status"] == "cancelled").then_some(())
+    });
+    let r = wait_for("the Router to tell the thread", T, || {
+        let r = server.replies("k1");
+        r.iter().any(|x| x.contains("cancelled")).then_some(r)
+    });
+    assert!(
+        r.iter().any(|x| x.contains("admin:ada")),
+        "the person: {r:?}"
+    );
+    let r = con.post(&cancel, &cookie, Some(&csrf), Some(&origin));
+    assert_eq!(r.status, 409, "cancelled once: {r:?}");
+    let tl = con.get(&format!("/threads/{thread}"), Some(&cookie));
+    assert!(tl.body.contains(">cancelled<"), "{}", tl.body);
+    assert!(tl.body.contains("byom replied"), "{}", tl.body);
+    assert!(!tl.body.contains(&format!("action=\"{cancel}\"")));
+
+    // The audit: who ran what, newest first, a page at a time.
+    let mine = server.detach("lap", &[], &["echo", "<b>bold</b>"]);
+    server.wait_done(&mine, T);
+    let audit = con.get("/audit", Some(&cookie));
+    assert_eq!(audit.status, 200);
+    assert!(!audit.body.contains("<b>bold"), "{}", audit.body);
+    assert!(
+        audit.body.contains("echo &lt;b&gt;bold&lt;/b&gt;"),
+        "{}",
+        audit.body
+    );
+    assert!(audit.body.contains("admin:admin"), "{}", audit.body);
+    assert!(
+        audit.body.contains(&task),
+        "a worker's command names it: {}",
+        audit.body
+    );
+    let older = con.get(&format!("/audit?before={mine}"), Some(&cookie));
+    assert!(!older.body.contains(&mine), "{}", older.body);
+    assert!(older.body.contains(&cmd_id), "{}", older.body);
+    assert_eq!(con.get("/audit?before=junk", Some(&cookie)).status, 409);
+
+    let trust = con.get("/trust", Some(&cookie));
+    assert_eq!(trust.status, 200);
+    assert!(trust.body.contains("Approvers"), "{}", trust.body);
+    assert!(trust.body.contains("admin:*"), "{}", trust.body);
+}
+
+/// A reply Slack refused is on Needs you and the connectors page with a
+/// Retry button; retry is refused without the CSRF token and to a
+/// read-only session; done, it puts the reply back in the queue and it
+/// goes out. Needs you follows approvals live (a `changed` event), within
+/// the per-session bound on streams.
+#[test]
+fn outbox_retry_requeues_and_needs_you_follows_live() {
+    use byom_tests::channels::{post_hook, slack_signature, FakeApi, Seen};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const TOKEN: &str = "xoxb-console-token";
+    const SECRET: &str = "console-signing-secret-0123456789";
+    let accept = Arc::new(AtomicBool::new(false));
+    let ok = accept.clone();
+    let api = FakeApi::start(move |r: &Seen| {
+        let body = match (r.method.as_str(), r.path.as_str()) {
+            ("POST", "/api/auth.test") => json!({"ok": true, "team_id": "T0001", "user_id": "UBOT",
+                                                 "url": "https://acme.slack.com/", "team": "Acme", "user": "byom"}),
+            ("POST", "/api/chat.postMessage") if ok.load(Ordering::SeqCst) => {
+                json!({"ok": true, "channel": r.json()["channel"], "ts": "1800000000.000100"})
+            }
+            ("POST", "/api/chat.postMessage") => {
+                json!({"ok": false, "error": "channel_not_found <script>x</script>"})
+            }
+            (_, p) if p.starts_with("/api/conversations.members") => {
+                json!({"ok": true, "members": ["U0ADA", "UBOT"], "response_metadata": {"next_cursor": ""}})
+            }
+            _ => json!({"ok": false, "error": "unknown_method"}),
+        };
+        (200, vec![], body.to_string())
+    });
+    let (dir, server, _d, con) = setup(&[]);
+    server.trust(&["add", "slack:*"]);
+    let token = dir.path().join("bot.token");
+    let secret = dir.path().join("signing.secret");
+    std::fs::write(&token, TOKEN).unwrap();
+    std::fs::write(&secret, SECRET).unwrap();
+    let url = format!("{}/api", api.url());
+    let o = server.byom(&[
+        "connectors",
+        "add",
+        "slack",
+        "acme",
+        "--bot-token-file",
+        token.to_str().unwrap(),
+        "--signing-secret-file",
+        secret.to_str().unwrap(),
+        "--api-url",
+        &url,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let ev = json!({
+        "token": "unused", "team_id": "T0001", "api_app_id": "A0001", "type": "event_callback",
+        "event_id": "Ev0CONSOLE", "event_time": now,
+        "authorizations": [{"team_id": "T0001", "user_id": "UBOT", "is_bot": true}],
+        "event": {"type": "message", "channel": "C0OPS", "user": "U0ADA", "ts": "1700000000.000100",
+                  "event_ts": "1700000000.000100", "channel_type": "channel",
+                  "text": "<@UBOT> please run `echo hi` on lap"}
+    })
+    .to_string();
+    let ts = now.to_string();
+    let sig = slack_signature(SECRET, now, &ev);
+    let (st, b) = post_hook(
+        server.webhook_addr,
+        "/slack/acme/events",
+        &[
+            ("X-Slack-Request-Timestamp", &ts),
+            ("X-Slack-Signature", &sig),
+        ],
+        &ev,
+    );
+    assert_eq!(st, 200, "{b}");
+    let failed = wait_for("a failed reply", T, || {
+        server
+            .json(&["outbox", "ls", "--failed"])
+            .as_array()?
+            .last()
+            .cloned()
+    });
+    let id = failed["id"].as_str().unwrap().to_string();
+
+    let cookie = con.login(&link(&server, &server.creds(), &[]));
+    let origin = con.url.clone();
+    let home = con.get("/", Some(&cookie));
+    assert!(
+        home.body.contains(&format!("/outbox/{id}/retry")),
+        "{}",
+        home.body
+    );
+    let page = con.get("/connectors", Some(&cookie));
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains(">acme<"), "{}", page.body);
+    assert!(!page.body.contains("<script>x"), "{}", page.body);
+    assert!(page.body.contains("&lt;script&gt;x"), "{}", page.body);
+    let retry = format!("/outbox/{id}/retry");
+    assert!(page.body.contains(&format!("action=\"{retry}\"")));
+    let csrf = csrf_of(&page.body);
+    let r = con.post(&retry, &cookie, None, Some(&origin));
+    assert_eq!(r.status, 403, "{r:?}");
+    let ro = con.login(&link(&server, &server.creds(), &["--read-only"]));
+    let ro_page = con.get("/connectors", Some(&ro));
+    assert!(!ro_page.body.contains(&format!("action=\"{retry}\"")));
+    let r = con.post(&retry, &ro, Some(&csrf_of(&ro_page.body)), Some(&origin));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(server.json(&["outbox", "show", &id])["state"], "failed");
+
+    accept.store(true, Ordering::SeqCst);
+    let r = con.post(&retry, &cookie, Some(&csrf), Some(&origin));
+    assert_eq!(r.status, 303, "{r:?}");
+    let to = r.header("location").unwrap();
+    assert!(con
+        .get(&to, Some(&cookie))
+        .body
+        .contains(&format!("{id} is queued again")));
+    let sent = wait_for("the retried reply to go out", T, || {
+        let v = server.json(&["outbox", "show", &id]);
+        (v["state"] == "sent").then_some(v)
+    });
+    assert_eq!(sent["receipt"], "C0OPS/1800000000.000100", "{sent}");
+    let r = con.post(
+        "/outbox/out_nope/retry",
+        &cookie,
+        Some(&csrf),
+        Some(&origin),
+    );
+    assert_eq!(r.status, 409, "{r:?}");
+    assert!(r.body.contains("no outbox item out_nope"), "{}", r.body);
+
+    // Needs you, live: the page's digest, then an approval moves it.
+    let home = con.get("/", Some(&cookie));
+    let i = home
+        .body
+        .find("/needs-you/events?since=")
+        .expect("a live page")
+        + 24;
+    let since = home.body[i..].split('"').next().unwrap().to_string();
+    let events = format!("/needs-you/events?since={since}");
+    let (st, changed) =
+        con.stream_until(&events, &cookie, "event: changed", Duration::from_secs(5));
+    assert_eq!((st, changed), (200, false), "nothing moved yet");
+    server.say("n1", PARALLEL);
+    let (_, changed) = con.stream_until(&events, &cookie, "event: changed", T);
+    assert!(changed, "an approval asked shows live");
+    // Bounded per session: eight streams, then 429.
+    let held: Vec<_> = (0..8)
+        .map(|_| {
+            let mut t = con.tls();
+            write!(
+                t,
+                "GET {events} HTTP/1.1\r\nHost: {}\r\nCookie: byom_session={cookie}\r\n\r\n",
+                con.addr
+            )
+            .unwrap();
+            let mut b = [0u8; 64];
+            let _ = t.read(&mut b);
+            t
+        })
+        .collect();
+    let r = con.get(&events, Some(&cookie));
+    assert_eq!(r.status, 429, "{r:?}");
+    drop(held);
+}
+
 /// chromedriver on a free port, with a headless Chromium session.
 struct Browser {
     child: std::process::Child,

@@ -67,7 +67,7 @@ impl Api {
         }
     }
 
-    pub(super) fn list_workers(&self, subagents: bool) -> Result<pb::WorkerList, Status> {
+    pub(crate) fn list_workers(&self, subagents: bool) -> Result<pb::WorkerList, Status> {
         Ok(pb::WorkerList {
             workers: self
                 .workers()?
@@ -79,7 +79,7 @@ impl Api {
         })
     }
 
-    pub(super) async fn cancel_task(
+    pub(crate) async fn cancel_task(
         &self,
         r: pb::CancelTaskRequest,
         by: &str,
@@ -143,7 +143,7 @@ impl Api {
         ))
     }
 
-    pub(super) fn get_trust(&self) -> Result<pb::TrustConfig, Status> {
+    pub(crate) fn get_trust(&self) -> Result<pb::TrustConfig, Status> {
         Ok(views::trust(
             &crate::trust::load(&self.store).map_err(store_err)?,
         ))
@@ -166,7 +166,7 @@ impl Api {
 
     /// What became of a trigger after the fast path: the agents' record of
     /// it, with the policy named by ID when the Router cited one.
-    pub(super) fn fate(&self, trigger: &str) -> Result<pb::Fate, Status> {
+    pub(crate) fn fate(&self, trigger: &str) -> Result<pb::Fate, Status> {
         let Some(b) = self
             .store
             .get_raw(Space::Agents, &keys::fate(trigger))
@@ -203,8 +203,24 @@ impl Api {
             .unwrap_or_default()
     }
 
+    /// The workers `keep` picks, newest first, as messages without their
+    /// transcripts or subagents (the console's timelines and Needs you;
+    /// [`Api::worker`] gives one whole).
+    pub(crate) fn workers_where(
+        &self,
+        keep: impl Fn(&WorkerState) -> bool,
+    ) -> Result<Vec<pb::Worker>, Status> {
+        Ok(self
+            .workers()?
+            .iter()
+            .filter(|w| keep(w))
+            .take(MAX_ROWS)
+            .map(|w| views::worker(w, Vec::new(), String::new(), Vec::new()))
+            .collect())
+    }
+
     /// A worker with its transcript and subagents.
-    pub(super) fn worker(&self, id: &str) -> Result<pb::Worker, Status> {
+    pub(crate) fn worker(&self, id: &str) -> Result<pb::Worker, Status> {
         let all = self.workers()?;
         let w = all
             .iter()
@@ -364,7 +380,7 @@ impl Api {
         self.agents.enqueue(ev, &extra).await.map_err(store_err)
     }
 
-    pub(super) fn threads(&self) -> Result<pb::ThreadList, Status> {
+    pub(crate) fn threads(&self) -> Result<pb::ThreadList, Status> {
         let r = self.router_record()?;
         Ok(pb::ThreadList {
             threads: self

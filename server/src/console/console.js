@@ -2,8 +2,19 @@
 // Content-Security-Policy allows no inline script). On a command's page
 // it follows the output live over server-sent events; the browser
 // resumes a cut stream with Last-Event-ID. Text is added as text, never
-// as HTML.
+// as HTML. On Needs you it reloads the page when the page is out of date.
 "use strict";
+// On Needs you: reload when what the page lists changes (an approval
+// asked or answered, a worker stalled, a reply failed).
+(function () {
+  var el = document.getElementById("needs-you");
+  if (!el || !el.dataset.events || !window.EventSource) { return; }
+  var es = new EventSource(el.dataset.events);
+  es.addEventListener("changed", function () {
+    es.close();
+    window.location.reload();
+  });
+})();
 (function () {
   var out = document.getElementById("stdout");
   if (!out || !out.dataset.events || !window.EventSource) { return; }

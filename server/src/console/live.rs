@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use base64::Engine;
 use byom_protocol::pb;
@@ -21,6 +22,14 @@ use hyper::{Request, Response};
 
 use super::{refused, respond, status_page, Body};
 use crate::admin::Api;
+
+/// How often a page's change stream asks whether the page changed.
+pub const CHANGES_EVERY: Duration = Duration::from_secs(2);
+/// A change stream writes a comment at least this often, so a browser
+/// that went away is noticed (on the write) and its place given back.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// Longest digest a change stream resumes from.
+const MAX_DIGEST: usize = 64;
 
 /// Live streams one session may hold open at once.
 pub const MAX_STREAMS_PER_SESSION: usize = 8;
@@ -111,6 +120,63 @@ impl Streams {
             Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(text)))
         });
         // A comment first, so the browser sees the stream open at once.
+        let opening = futures_util::stream::once(async {
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b": live\n\n")))
+        });
+        let body = BodyExt::boxed_unsync(http_body_util::StreamBody::new(opening.chain(frames)));
+        respond(200, "text/event-stream", body)
+    }
+}
+
+impl Streams {
+    /// `GET /needs-you/events`: an event `changed` (its ID the page's new
+    /// digest) whenever `digest` differs from the one the page was
+    /// rendered with (`?since=`, or `Last-Event-ID` on a reconnect);
+    /// the page reloads itself. Asked every [`CHANGES_EVERY`]; `digest`
+    /// answers `None` when it cannot tell (nothing is sent then).
+    pub fn changes<F>(
+        self: &Arc<Self>,
+        req: &Request<hyper::body::Incoming>,
+        session: &str,
+        digest: F,
+    ) -> Response<Body>
+    where
+        F: Fn() -> Option<String> + Send + 'static,
+    {
+        let valid = |d: &str| d.len() <= MAX_DIGEST && d.bytes().all(|b| b.is_ascii_hexdigit());
+        let since = req
+            .headers()
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| super::form_field(req.uri().query().unwrap_or(""), "since"))
+            .filter(|d| valid(d))
+            .unwrap_or("")
+            .to_string();
+        let place = match self.take(session) {
+            Ok(p) => p,
+            Err(why) => return refused(429, "Too many live streams", &why, ""),
+        };
+        let frames = futures_util::stream::unfold(
+            (since, place, digest),
+            |(mut since, place, digest)| async move {
+                let mut quiet = Duration::ZERO;
+                let text = loop {
+                    tokio::time::sleep(CHANGES_EVERY).await;
+                    quiet += CHANGES_EVERY;
+                    match digest() {
+                        Some(d) if d != since => {
+                            let t = format!("id: {d}\nevent: changed\ndata: {{}}\n\n");
+                            since = d;
+                            break t;
+                        }
+                        _ if quiet >= KEEPALIVE => break ": still here\n\n".to_string(),
+                        _ => {}
+                    }
+                };
+                let frame = Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(text)));
+                Some((frame, (since, place, digest)))
+            },
+        );
         let opening = futures_util::stream::once(async {
             Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b": live\n\n")))
         });

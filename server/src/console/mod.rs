@@ -14,6 +14,11 @@
 //! person as the actor (`admin:NAME`), so the audit names them. A
 //! read-only session may look, never act.
 //!
+//! Pages: Needs you ([`needs`], following changes live), tasks, threads,
+//! a thread's timeline and a worker's transcript with Cancel
+//! ([`timeline`]), machines, commands, the audit trail, connectors and
+//! the outbox with Retry, trust ([`ops`]).
+//!
 //! Pages ([`pages`]) escape every value; the Content-Security-Policy
 //! allows only this origin's script and style (no inline code). A
 //! command's page follows its output live over server-sent events
@@ -22,8 +27,11 @@
 //! time to send headers and body, connections per address and in total.
 
 mod live;
+mod needs;
+mod ops;
 mod pages;
 pub mod sessions;
+mod timeline;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -62,8 +70,6 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(600);
 /// Rows on the commands page.
 const COMMAND_ROWS: u32 = 200;
-/// Failed replies shown on the home page.
-const OUTBOX_ROWS: u32 = 50;
 /// Output of each stream rendered into a command's page (the rest comes
 /// live).
 const PAGE_OUTPUT_BYTES: usize = 256 * 1024;
@@ -184,6 +190,16 @@ fn refused(status: u16, title: &str, why: &str, next: &str) -> Response<Body> {
     html(status, pages::refusal(title, why, next))
 }
 
+/// A read-only session's refusal to `act`.
+fn read_only(act: &str) -> Response<Body> {
+    refused(
+        403,
+        "Read-only",
+        &format!("This session is read-only: it may look, not {act}."),
+        "`byom console` without --read-only signs you in to act.",
+    )
+}
+
 fn not_signed_in(why: &str) -> Response<Body> {
     refused(
         401,
@@ -261,6 +277,7 @@ pub struct Console {
     api: Api,
     checker: Arc<crate::admins::Checker>,
     streams: Arc<live::Streams>,
+    needs: Arc<needs::Recent>,
 }
 
 /// A signed-in request: the session, its cookie and CSRF token.
@@ -282,6 +299,7 @@ impl Console {
             api,
             checker: Arc::default(),
             streams: Arc::new(live::Streams::default()),
+            needs: Arc::default(),
         }
     }
 
@@ -406,6 +424,20 @@ impl Console {
                 Some(id) => self.command(&v, id, now),
                 None => Err(tonic::Status::not_found(format!("no command {id}"))),
             },
+            ["tasks"] => self.tasks(&v, now),
+            ["audit"] => self.audit(&v, req.uri().query().unwrap_or(""), now),
+            ["connectors"] => self.connectors(&v, req.uri().query().unwrap_or(""), now),
+            ["trust"] => self.trust(&v),
+            ["threads"] => self.threads(&v, now),
+            ["threads", id] => match object_id(id, "thr_") {
+                Some(id) => self.thread(&v, id, now),
+                None => Err(tonic::Status::not_found(format!("no thread {id}"))),
+            },
+            ["workers", id] => match object_id(id, "wrk_") {
+                Some(id) => self.worker(&v, id, req.uri().query().unwrap_or(""), now),
+                None => Err(tonic::Status::not_found(format!("no worker {id}"))),
+            },
+            ["needs-you", "events"] => return self.needs_events(&req, &s.csrf),
             ["commands", id, "events"] => {
                 let Some(id) = object_id(id, "cmd_") else {
                     return status_page(tonic::Status::not_found(format!("no command {id}")));
@@ -466,12 +498,7 @@ impl Console {
                     return status_page(tonic::Status::not_found(format!("no approval {id}")));
                 };
                 if s.session.read_only {
-                    return refused(
-                        403,
-                        "Read-only",
-                        "This session is read-only: it may look, not approve or deny.",
-                        "`byom console` without --read-only signs you in to act.",
-                    );
+                    return read_only("approve or deny");
                 }
                 let approved = *verb == "approve";
                 let who = s.session.who();
@@ -488,40 +515,32 @@ impl Console {
                     Err(e) => status_page(e),
                 }
             }
+            ["workers", id, "cancel"] => {
+                let Some(id) = object_id(id, "wrk_") else {
+                    return status_page(tonic::Status::not_found(format!("no worker {id}")));
+                };
+                if s.session.read_only {
+                    return read_only("cancel");
+                }
+                match self.cancel(id, &s.session.who()).await {
+                    Ok(to) => see_other(&to),
+                    Err(e) => status_page(e),
+                }
+            }
+            ["outbox", id, "retry"] => {
+                let Some(id) = object_id(id, "out_") else {
+                    return status_page(tonic::Status::not_found(format!("no outbox item {id}")));
+                };
+                if s.session.read_only {
+                    return read_only("retry");
+                }
+                match self.retry(id, &s.session.who()).await {
+                    Ok(to) => see_other(&to),
+                    Err(e) => status_page(e),
+                }
+            }
             _ => refused(404, "Not found", "No such action.", ""),
         }
-    }
-
-    fn home(&self, v: &Viewer, query: &str, now: u64) -> Result<String, tonic::Status> {
-        let approvals = self.api.list_approvals(false)?.approvals;
-        let machines = self
-            .api
-            .list_machines(pb::ListMachinesRequest::default())?
-            .machines;
-        let failed = self
-            .api
-            .channels
-            .list_outbox(true, OUTBOX_ROWS)
-            .unwrap_or_default();
-        let note = form_field(query, "answered")
-            .and_then(|id| object_id(id, "apr_"))
-            .map(|id| {
-                if form_field(query, "approved") == Some("1") {
-                    format!("Approved {id}: the work goes on.")
-                } else {
-                    format!("Denied {id}.")
-                }
-            });
-        let n = pages::NeedsYou {
-            approvals: &approvals,
-            waiting_machines: machines
-                .iter()
-                .filter(|m| !m.revoked && !m.online && m.queued_commands > 0)
-                .collect(),
-            failed_outbox: &failed,
-            note,
-        };
-        Ok(pages::home(v, &n, now))
     }
 
     fn machines(&self, v: &Viewer, now: u64) -> Result<String, tonic::Status> {

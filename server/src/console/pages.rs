@@ -33,7 +33,7 @@ pub struct Viewer<'a> {
 pub fn layout(title: &str, v: Option<&Viewer>, body: &str) -> String {
     let nav = match v {
         Some(v) => format!(
-            r#"<nav><a href="/">Needs you</a> <a href="/machines">Machines</a> <a href="/commands">Commands</a>
+            r#"<nav><a href="/">Needs you</a> <a href="/tasks">Tasks</a> <a href="/threads">Threads</a> <a href="/machines">Machines</a> <a href="/commands">Commands</a> <a href="/audit">Audit</a> <a href="/connectors">Connectors</a> <a href="/trust">Trust</a>
 <span class="who">{}{}</span>
 <form method="post" action="/logout" class="inline"><input type="hidden" name="csrf" value="{}"><button>Sign out</button></form></nav>"#,
             esc(v.who),
@@ -103,14 +103,30 @@ pub fn command_line(c: &pb::Command) -> String {
     }
 }
 
+/// The Retry button of a failed reply (none for a read-only session).
+pub fn retry_form(v: &Viewer, id: &str) -> String {
+    if v.read_only {
+        return String::new();
+    }
+    format!(
+        r#"<form method="post" action="/outbox/{id}/retry" class="inline"><input type="hidden" name="csrf" value="{csrf}"><button id="retry-{id}">Retry</button></form>"#,
+        id = esc(id),
+        csrf = esc(v.csrf)
+    )
+}
+
 /// What "Needs you" shows.
 pub struct NeedsYou<'a> {
     pub approvals: &'a [pb::Approval],
+    /// Workers stalled, failing or over budget, and why.
+    pub workers: &'a [(pb::Worker, String)],
     /// Machines not online that hold queued commands.
     pub waiting_machines: Vec<&'a pb::Machine>,
     pub failed_outbox: &'a [pb::OutboxItem],
     /// A note from the last action (e.g. "Approved apr_…").
     pub note: Option<String>,
+    /// What the page lists, hashed: its live stream says when it moves.
+    pub digest: String,
 }
 
 pub fn home(v: &Viewer, n: &NeedsYou, now: u64) -> String {
@@ -127,6 +143,27 @@ pub fn home(v: &Viewer, n: &NeedsYou, now: u64) -> String {
     }
     for a in n.approvals {
         b.push_str(&approval(v, a, now));
+    }
+    b.push_str(&format!(
+        "<h2>Workers stalled or over budget ({})</h2>",
+        n.workers.len()
+    ));
+    if n.workers.is_empty() {
+        b.push_str("<p class=\"empty\">No worker is stalled, failing or over budget.</p>");
+    } else {
+        b.push_str("<table><tr><th>Worker</th><th>Status</th><th>Task</th><th>Why</th><th>Updated</th></tr>");
+        for (w, why) in n.workers {
+            let s = w.summary.clone().unwrap_or_default();
+            b.push_str(&format!(
+                "<tr><td><a href=\"/workers/{id}\">{id}</a></td><td class=\"state {st}\">{st}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&s.task.chars().take(200).collect::<String>()),
+                esc(why),
+                ago(s.updated_at_ms, now),
+                id = esc(&s.id),
+                st = esc(&s.status),
+            ));
+        }
+        b.push_str("</table>");
     }
     b.push_str(&format!(
         "<h2>Machines away with work queued ({})</h2>",
@@ -155,18 +192,25 @@ pub fn home(v: &Viewer, n: &NeedsYou, now: u64) -> String {
     if n.failed_outbox.is_empty() {
         b.push_str("<p class=\"empty\">No failed replies.</p>");
     } else {
-        b.push_str("<table><tr><th>ID</th><th>Connector</th><th>Thread</th><th>Error</th></tr>");
+        b.push_str(
+            "<table><tr><th>ID</th><th>Connector</th><th>Thread</th><th>Error</th><th></th></tr>",
+        );
         for o in n.failed_outbox {
             b.push_str(&format!(
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&o.id),
                 esc(&o.connector),
                 esc(&o.external),
-                esc(&o.last_error)
+                esc(&o.last_error),
+                retry_form(v, &o.id)
             ));
         }
         b.push_str("</table>");
     }
+    b.push_str(&format!(
+        "<p class=\"muted\" id=\"needs-you\" data-events=\"/needs-you/events?since={}\">This page reloads itself when something here changes.</p><script src=\"/console.js\"></script>",
+        esc(&n.digest)
+    ));
     layout("Needs you", Some(v), &b)
 }
 
@@ -376,9 +420,11 @@ mod tests {
             &v,
             &NeedsYou {
                 approvals: &[a],
+                workers: &[],
                 waiting_machines: vec![],
                 failed_outbox: &[],
                 note: None,
+                digest: "d".into(),
             },
             0,
         );
