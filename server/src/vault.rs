@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 
 use byom_store::{Space, Store};
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
-use ring::rand::{SecureRandom, SystemRandom};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VaultError {
@@ -31,8 +30,6 @@ pub enum VaultError {
     BadKeyFile { path: PathBuf, why: String },
     #[error("the secret {0} in the store is corrupt")]
     Corrupt(String),
-    #[error("no randomness available")]
-    Random,
 }
 
 type Result<T> = std::result::Result<T, VaultError>;
@@ -74,11 +71,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> VaultError + '_ {
 
 /// 32 random bytes as hex: the form every key of the server takes.
 pub fn random_hex_key() -> Result<String> {
-    let mut raw = [0u8; 32];
-    SystemRandom::new()
-        .fill(&mut raw)
-        .map_err(|_| VaultError::Random)?;
-    Ok(byom_wire::hex(&raw))
+    // byom's one source and policy for randomness (byom_protocol::random).
+    Ok(byom_wire::hex(&byom_protocol::random::bytes::<32>()))
 }
 
 impl Vault {
@@ -136,10 +130,7 @@ impl Vault {
     }
 
     fn seal(key: &LessSafeKey, group: &str, plain: &[u8]) -> Result<Vec<u8>> {
-        let mut nonce = [0u8; NONCE_LEN];
-        SystemRandom::new()
-            .fill(&mut nonce)
-            .map_err(|_| VaultError::Random)?;
+        let nonce = byom_protocol::random::bytes::<NONCE_LEN>();
         let mut buf = plain.to_vec();
         key.seal_in_place_append_tag(
             Nonce::assume_unique_for_key(nonce),

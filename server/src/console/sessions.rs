@@ -12,7 +12,6 @@
 use std::time::Duration;
 
 use byom_store::{Space, Store, StoreError};
-use ring::rand::{SecureRandom, SystemRandom};
 
 /// How long a login link may wait to be opened.
 pub const LINK_TTL: Duration = Duration::from_secs(5 * 60);
@@ -80,11 +79,8 @@ impl Session {
 }
 
 fn secret() -> Result<String, StoreError> {
-    let mut raw = [0u8; SECRET_BYTES];
-    SystemRandom::new()
-        .fill(&mut raw)
-        .map_err(|_| StoreError::Io("no randomness from the OS".into()))?;
-    Ok(byom_wire::hex(&raw))
+    // byom's one source and policy for randomness (byom_protocol::random).
+    Ok(byom_wire::hex(&byom_protocol::random::bytes::<SECRET_BYTES>()))
 }
 
 /// Whether `s` looks like a secret we made (so junk never reaches the store).
