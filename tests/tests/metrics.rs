@@ -1,7 +1,8 @@
 //! `/metrics`, `/healthz` and `/readyz` of a real `byom server`, scraped
-//! over HTTP and read by an independent parser (the Python Prometheus
-//! client's `text_string_to_metric_families`), with a real daemon whose
-//! commands move the figures.
+//! over HTTP, linted by Prometheus's own `promtool check metrics` and read
+//! by an independent parser (the Python Prometheus client's
+//! `text_string_to_metric_families`), with a real daemon whose commands
+//! move the figures.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -109,9 +110,39 @@ fn parse(text: &str) -> Scrape {
     Scrape { samples, families }
 }
 
+/// Prometheus's own linter (`promtool check metrics`, from Debian's
+/// `prometheus` package that `.ci/run` installs): the page is what a
+/// Prometheus server reads, names and units included.
+fn promtool_check(text: &str) {
+    let mut child = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("promtool (Debian's prometheus package; .ci/run installs it): {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
 fn scrape(addr: SocketAddr) -> Scrape {
     let (status, body) = get(addr, "/metrics");
     assert_eq!(status, 200, "{body}");
+    promtool_check(&body);
     parse(&body)
 }
 
