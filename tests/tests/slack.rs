@@ -4,7 +4,7 @@
 //! the bot token and the body, and answers as Slack does (including 429
 //! with Retry-After and `ok:false`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,9 @@ fn now_s() -> u64 {
         .as_secs()
 }
 
+/// Whether eve has joined C0LATER (she is in its member list from then).
+static EVE_JOINED_LATER: AtomicBool = AtomicBool::new(false);
+
 /// Slack's Web API: auth.test and chat.postMessage, the first post
 /// answered 429 with Retry-After: 2.
 fn slack_api() -> FakeApi {
@@ -32,7 +35,9 @@ fn slack_api() -> FakeApi {
         // Who is in a private channel: ada and byom; in C0GUESTS eve too.
         if authed && r.method == "GET" && r.path.starts_with("/api/conversations.members?") {
             let mut members = vec!["U0ADA", "UBOT"];
-            if r.path.contains("channel=C0GUESTS") {
+            if r.path.contains("channel=C0GUESTS")
+                || (r.path.contains("channel=C0LATER") && EVE_JOINED_LATER.load(Ordering::SeqCst))
+            {
                 members.push("U0EVE");
             }
             return (
@@ -731,5 +736,60 @@ fn a_public_channel_is_read_by_the_whole_workspace() {
     assert!(
         text.contains("Approval needed") && text.contains("U0EVE"),
         "{text}"
+    );
+}
+
+/// Someone who joins a private channel reads what is posted there from
+/// then on: the member list learnt minutes ago does not stand in for
+/// Slack's word that she joined (its `channel_join` message, or
+/// `member_joined_channel`). Eve joins after ada's first request was
+/// answered; ada's next one, a minute later, waits for a yes.
+#[test]
+fn a_member_who_joins_a_private_channel_reads_from_then_on() {
+    let api = slack_api();
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    server.trust(&["add", "slack:T0001/U0ADA"]);
+    let out = add_connector(&server, dir.path(), &format!("{}/api", api.url()));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ask = |id: &str, ts: &str, cmd: &str| {
+        let ev = message(
+            "C0LATER",
+            ts,
+            &format!("<@UBOT> please run `{cmd}` on lap"),
+            json!({"channel_type": "group"}),
+        );
+        let (st, v) = signed(&server, &callback(id, ev), now_s());
+        assert_eq!(st, 200, "{v}");
+    };
+    ask("Ev06ADA1", "1700000000.000600", "echo before-eve");
+    wait_for("the answer among the team", T, || {
+        posts(&api).into_iter().map(|r| r.json()).find(|b| {
+            b["channel"] == "C0LATER" && b["text"].as_str().unwrap_or("").contains("before-eve")
+        })
+    });
+    EVE_JOINED_LATER.store(true, Ordering::SeqCst);
+    let join = json!({"type": "message", "subtype": "channel_join", "channel": "C0LATER",
+                      "user": "U0EVE", "text": "<@U0EVE> has joined the channel",
+                      "ts": "1700000000.000601", "event_ts": "1700000000.000601",
+                      "channel_type": "group"});
+    let (st, v) = signed(&server, &callback("Ev06JOIN", join), now_s());
+    assert_eq!(st, 200, "{v}");
+    ask("Ev06ADA2", "1700000000.000602", "echo after-eve");
+    let request = wait_for("the request now that eve reads it", T, || {
+        posts(&api).into_iter().map(|r| r.json()).find(|b| {
+            b["channel"] == "C0LATER" && b["text"].as_str().unwrap_or("").contains("characters")
+        })
+    });
+    let text = request["text"].as_str().unwrap();
+    assert!(
+        text.contains("Approval needed") && text.contains("U0EVE"),
+        "{text}"
+    );
+    assert!(
+        posts(&api).iter().all(|p| !p.json()["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("after-eve\n")),
+        "the output was not posted where eve reads"
     );
 }

@@ -270,6 +270,21 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
         })
         .unwrap_or_default();
+    // Someone joined a private conversation: from now on they read it,
+    // whatever the member list learnt minutes ago says. Slack is asked
+    // again at once.
+    if let Some(channel) = joined_private(&v["event"]) {
+        let who = private_readers(ch, c, channel, team, &bot_user, true)
+            .await
+            .unwrap_or_else(|| Readers::Unknown("Slack was not asked".into()));
+        if let Err(e) = readers::note(&ch.store, &c.name, channel, &who) {
+            return (503, json!({"error": e.to_string()}));
+        }
+        return (
+            200,
+            json!({"ignored": "a member joined: who reads it was asked again"}),
+        );
+    }
     let Some(mut ev) = event_to_trigger(&c.name, team, &bot_user, &v["event"]) else {
         return (200, json!({"ignored": "not a new message from a person"}));
     };
@@ -288,7 +303,7 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
         Some("channel") => Some(Readers::Workspace(team.to_string())),
         // Read by its members, silent ones included: Slack is asked who
         // they are (again after READERS_TTL_MS), and each is judged.
-        Some("group" | "mpim") => private_readers(ch, c, &ev.channel, team, &bot_user).await,
+        Some("group" | "mpim") => private_readers(ch, c, &ev.channel, team, &bot_user, false).await,
         Some("im") => Some(Readers::Private),
         _ => None,
     };
@@ -355,20 +370,38 @@ const MAX_CHANNEL_MEMBERS: usize = 200;
 /// (Slack wants one within 3 s).
 const READERS_TIMEOUT: Duration = Duration::from_millis(2000);
 
+/// The private conversation someone joined, if `ev` says so: Slack's
+/// `member_joined_channel` for a private channel (`G`), or the
+/// `channel_join`/`group_join` message a private channel or group DM
+/// shows.
+fn joined_private(ev: &Value) -> Option<&str> {
+    let private = match ev["type"].as_str()? {
+        "member_joined_channel" => ev["channel_type"] == "G",
+        "message" => {
+            matches!(ev["subtype"].as_str(), Some("channel_join" | "group_join"))
+                && matches!(ev["channel_type"].as_str(), Some("group" | "mpim"))
+        }
+        _ => false,
+    };
+    private.then(|| ev["channel"].as_str()).flatten()
+}
+
 /// Who reads a private channel (`conversations.members`, each judged as
 /// `users.info` says when members are trusted as such), or None to keep a
-/// list learnt less than [`READERS_TTL_MS`] ago. Anything that fails is
-/// noted as unknown: the gate holds laptop output there until Slack says.
+/// list learnt less than [`READERS_TTL_MS`] ago (unless `fresh`: someone
+/// joined). Anything that fails is noted as unknown: the gate holds
+/// laptop output there until Slack says.
 async fn private_readers(
     ch: &Channels,
     c: &pb::Connector,
     channel: &str,
     team: &str,
     bot_user: &str,
+    fresh: bool,
 ) -> Option<Readers> {
     let now = byom_wire::now_ms();
     if let Ok(Some(Readers::Members { at_ms, .. })) = readers::get(&ch.store, &c.name, channel) {
-        if at_ms + READERS_TTL_MS > now {
+        if !fresh && at_ms + READERS_TTL_MS > now {
             return None;
         }
     }
