@@ -363,6 +363,72 @@ fn an_expired_link_is_refused() {
     assert!(r.body.contains("not known"), "{}", r.body);
 }
 
+/// A live stream outlasts neither its session nor its admin: one signed
+/// out, and one whose admin is revoked, each end within seconds (not at
+/// the connection's 10-minute bound, still sending what follows).
+#[test]
+fn a_live_stream_ends_with_its_session() {
+    let (dir, server, _d, con) = setup(&[]);
+    let ada = dir.path().join("ada-creds");
+    let o = server.byom(&["admins", "add", "ada", "--out", ada.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let open = |cookie: &str| {
+        let mut tls = con.tls();
+        let req = format!(
+            "GET /needs-you/events HTTP/1.1\r\nHost: {}\r\nCookie: byom_session={cookie}\r\n\r\n",
+            con.addr
+        );
+        tls.write_all(req.as_bytes()).unwrap();
+        let mut first = [0u8; 512];
+        let n = tls.read(&mut first).unwrap();
+        let head = String::from_utf8_lossy(&first[..n]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        tls
+    };
+    // Whether the stream ends (the server closes it) within `limit`.
+    let ends_within = |tls: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+                       limit: Duration| {
+        tls.sock
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        let t0 = Instant::now();
+        let mut buf = [0u8; 4096];
+        while t0.elapsed() < limit {
+            match tls.read(&mut buf) {
+                Ok(0) => return true,
+                // The last chunk of a chunked body: the server ended it.
+                Ok(n) if String::from_utf8_lossy(&buf[..n]).ends_with("0\r\n\r\n") => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return true,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    };
+    let signed_out = con.login(&link(&server, &ada, &[]));
+    let revoked = con.login(&link(&server, &ada, &[]));
+    let mut a = open(&signed_out);
+    let mut b = open(&revoked);
+    let csrf = csrf_of(&con.get("/", Some(&signed_out)).body);
+    let r = con.post("/logout", &signed_out, Some(&csrf), Some(&con.url));
+    assert_eq!(r.status, 303, "{r:?}");
+    assert!(
+        ends_within(&mut a, Duration::from_secs(30)),
+        "signed out, still streaming"
+    );
+    let o = server.byom(&["admins", "revoke", "ada"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        ends_within(&mut b, Duration::from_secs(30)),
+        "revoked, still streaming"
+    );
+}
+
 /// `text` as the console escapes it.
 fn escaped(text: &str) -> String {
     text.replace('&', "&amp;")

@@ -68,6 +68,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a connection stays open; a live stream cut by it resumes
 /// (the browser reconnects with `Last-Event-ID`).
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(600);
+/// How often a live stream checks that its session still stands: signed
+/// out, ended, or its admin revoked, the stream ends (the browser's
+/// reconnection is then refused).
+const SESSION_RECHECK: Duration = Duration::from_secs(5);
 /// Rows on the commands page.
 const COMMAND_ROWS: u32 = 200;
 /// Output of each stream rendered into a command's page (the rest comes
@@ -350,6 +354,44 @@ impl Console {
         })
     }
 
+    /// Whether the session whose secret is `cookie` still stands, its
+    /// admin still admitted (a store that cannot say: no).
+    fn still_signed_in(&self, cookie: &str) -> bool {
+        let Ok(Some(s)) = sessions::session(&self.api.store, cookie, byom_wire::now_ms()) else {
+            return false;
+        };
+        self.checker
+            .admins(&self.api.store)
+            .map_err(|e| e.to_string())
+            .and_then(|a| crate::admins::check(&a, &s.admin, &s.spki))
+            .is_ok()
+    }
+
+    /// `r` (a live stream), ended as soon as its session is: checked every
+    /// [`SESSION_RECHECK`], so a stream opened before a sign-out or a
+    /// revocation does not go on sending what follows.
+    fn while_signed_in(&self, cookie: String, r: Response<Body>) -> Response<Body> {
+        use futures_util::StreamExt;
+        if !r.status().is_success() {
+            return r;
+        }
+        let me = self.clone();
+        let ended = async move {
+            loop {
+                tokio::time::sleep(SESSION_RECHECK).await;
+                if !me.still_signed_in(&cookie) {
+                    break;
+                }
+            }
+        };
+        let (parts, body) = r.into_parts();
+        let frames = http_body_util::BodyStream::new(body).take_until(ended);
+        Response::from_parts(
+            parts,
+            http_body_util::StreamBody::new(frames).boxed_unsync(),
+        )
+    }
+
     /// Answers one request.
     async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
@@ -437,12 +479,16 @@ impl Console {
                 Some(id) => self.worker(&v, id, req.uri().query().unwrap_or(""), now),
                 None => Err(tonic::Status::not_found(format!("no worker {id}"))),
             },
-            ["needs-you", "events"] => return self.needs_events(&req, &s.csrf),
+            ["needs-you", "events"] => {
+                let r = self.needs_events(&req, &s.csrf);
+                return self.while_signed_in(s.cookie, r);
+            }
             ["commands", id, "events"] => {
                 let Some(id) = object_id(id, "cmd_") else {
                     return status_page(tonic::Status::not_found(format!("no command {id}")));
                 };
-                return self.streams.events(&self.api, &req, id, &s.csrf);
+                let r = self.streams.events(&self.api, &req, id, &s.csrf);
+                return self.while_signed_in(s.cookie, r);
             }
             _ => Err(tonic::Status::not_found(format!(
                 "no page {}",
