@@ -80,7 +80,9 @@ impl Session {
 
 fn secret() -> Result<String, StoreError> {
     // byom's one source and policy for randomness (byom_protocol::random).
-    Ok(byom_wire::hex(&byom_protocol::random::bytes::<SECRET_BYTES>()))
+    Ok(byom_wire::hex(
+        &byom_protocol::random::bytes::<SECRET_BYTES>(),
+    ))
 }
 
 /// Whether `s` looks like a secret we made (so junk never reaches the store).
