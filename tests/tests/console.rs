@@ -113,14 +113,14 @@ impl Console {
     }
 
     fn get(&self, path: &str, cookie: Option<&str>) -> Resp {
-        let c = cookie.map(|c| format!("byom_session={c}"));
+        let c = cookie.map(|c| format!("__Host-byom_session={c}"));
         let h: Vec<(&str, &str)> = c.iter().map(|c| ("Cookie", c.as_str())).collect();
         self.request("GET", path, &h, "")
     }
 
     /// A form POST with the session's cookie, `csrf` and `origin`.
     fn post(&self, path: &str, cookie: &str, csrf: Option<&str>, origin: Option<&str>) -> Resp {
-        let c = format!("byom_session={cookie}");
+        let c = format!("__Host-byom_session={cookie}");
         let mut h = vec![
             ("Cookie", c.as_str()),
             ("Content-Type", "application/x-www-form-urlencoded"),
@@ -145,7 +145,7 @@ impl Console {
             assert!(set.contains(attr), "{set}");
         }
         let v = set
-            .strip_prefix("byom_session=")
+            .strip_prefix("__Host-byom_session=")
             .and_then(|s| s.split(';').next())
             .unwrap()
             .to_string();
@@ -320,7 +320,7 @@ fn console_signs_in_once_refuses_forgeries_and_approves_as_the_person() {
     );
     assert!(ev.body.contains("\"state\":\"exited\""), "{}", ev.body);
     assert!(ev.body.contains("id: 11-0"), "{}", ev.body);
-    let c = format!("byom_session={cookie}");
+    let c = format!("__Host-byom_session={cookie}");
     let resumed = con.request(
         "GET",
         &format!("/commands/{id}/events"),
@@ -375,7 +375,7 @@ fn a_live_stream_ends_with_its_session() {
     let open = |cookie: &str| {
         let mut tls = con.tls();
         let req = format!(
-            "GET /needs-you/events HTTP/1.1\r\nHost: {}\r\nCookie: byom_session={cookie}\r\n\r\n",
+            "GET /needs-you/events HTTP/1.1\r\nHost: {}\r\nCookie: __Host-byom_session={cookie}\r\n\r\n",
             con.addr
         );
         tls.write_all(req.as_bytes()).unwrap();
@@ -454,7 +454,7 @@ impl Console {
             .unwrap();
         write!(
             tls,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nCookie: byom_session={cookie}\r\n\r\n",
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nCookie: __Host-byom_session={cookie}\r\n\r\n",
             self.addr
         )
         .unwrap();
@@ -793,7 +793,7 @@ fn outbox_retry_requeues_and_needs_you_follows_live() {
             let mut t = con.tls();
             write!(
                 t,
-                "GET {events} HTTP/1.1\r\nHost: {}\r\nCookie: byom_session={cookie}\r\n\r\n",
+                "GET {events} HTTP/1.1\r\nHost: {}\r\nCookie: __Host-byom_session={cookie}\r\n\r\n",
                 con.addr
             )
             .unwrap();

@@ -36,6 +36,7 @@ fn slack_api() -> FakeApi {
         if authed && r.method == "GET" && r.path.starts_with("/api/conversations.members?") {
             let mut members = vec!["U0ADA", "UBOT"];
             if r.path.contains("channel=C0GUESTS")
+                || r.path.contains("channel=C0MENTIONED")
                 || (r.path.contains("channel=C0LATER") && EVE_JOINED_LATER.load(Ordering::SeqCst))
             {
                 members.push("U0EVE");
@@ -45,6 +46,17 @@ fn slack_api() -> FakeApi {
                 vec![],
                 json!({"ok": true, "members": members, "response_metadata": {"next_cursor": ""}})
                     .to_string(),
+            );
+        }
+        // What a channel is: C0MENTIONED is private, the rest public.
+        if authed && r.method == "GET" && r.path.starts_with("/api/conversations.info?") {
+            let private = r.path.contains("channel=C0MENTIONED");
+            return (
+                200,
+                vec![],
+                json!({"ok": true, "channel": {"is_channel": !private, "is_group": false,
+                       "is_private": private, "is_im": false, "is_mpim": false}})
+                .to_string(),
             );
         }
         if r.method != "POST" || !authed {
@@ -791,5 +803,37 @@ fn a_member_who_joins_a_private_channel_reads_from_then_on() {
             .unwrap_or("")
             .contains("after-eve\n")),
         "the output was not posted where eve reads"
+    );
+}
+
+/// An `app_mention` (which says nothing of its channel) in a channel byom
+/// has not seen: Slack is asked what it is, and a private one is read by
+/// its members: with eve in it, the laptop output waits for a yes even
+/// though everyone in the workspace is trusted as a member.
+#[test]
+fn a_mention_in_an_unseen_private_channel_is_judged_by_its_members() {
+    let api = slack_api();
+    let (dir, server, _lap) = Server::with_lap(&[], &[]);
+    server.trust(&["add", "slack:T0001/U0ADA"]);
+    let out = add_connector(&server, dir.path(), &format!("{}/api", api.url()));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut ev = message(
+        "C0MENTIONED",
+        "1700000000.000700",
+        "<@UBOT> please run `echo mentioned` on lap",
+        json!({"type": "app_mention"}),
+    );
+    ev.as_object_mut().unwrap().remove("channel_type");
+    let (st, v) = signed(&server, &callback("Ev07MENTION", ev), now_s());
+    assert_eq!(st, 200, "{v}");
+    let request = wait_for("the request", T, || {
+        posts(&api).into_iter().map(|r| r.json()).find(|b| {
+            b["channel"] == "C0MENTIONED" && b["text"].as_str().unwrap_or("").contains("characters")
+        })
+    });
+    let text = request["text"].as_str().unwrap();
+    assert!(
+        text.contains("Approval needed") && text.contains("U0EVE"),
+        "{text}"
     );
 }

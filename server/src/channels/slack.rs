@@ -297,8 +297,9 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
     }
     // A public channel is read by anyone in the workspace, whoever spoke.
     // An event that does not say (`app_mention`) keeps what an earlier one
-    // said, and a channel never described is taken as public: the side
-    // that holds laptop output rather than posts it.
+    // said; for a channel never described, Slack is asked what it is
+    // (`conversations.info`), and if it cannot say, laptop output is held
+    // there.
     let said = match v["event"]["channel_type"].as_str() {
         Some("channel") => Some(Readers::Workspace(team.to_string())),
         // Read by its members, silent ones included: Slack is asked who
@@ -310,7 +311,14 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
     let who = match (said, readers::get(&ch.store, &c.name, &ev.channel)) {
         (Some(w), _) => Some(w),
         (None, Ok(Some(_))) => None,
-        (None, Ok(None)) => Some(Readers::Workspace(team.to_string())),
+        (None, Ok(None)) => match channel_kind(c, &ev.channel).await {
+            Ok("group" | "mpim") => {
+                private_readers(ch, c, &ev.channel, team, &bot_user, true).await
+            }
+            Ok("im") => Some(Readers::Private),
+            Ok(_) => Some(Readers::Workspace(team.to_string())),
+            Err(e) => Some(Readers::Unknown(e)),
+        },
         (None, Err(e)) => return (503, json!({"error": e.to_string()})),
     };
     if let Some(who) = who {
@@ -360,6 +368,43 @@ const MEMBERSHIP_TTL_MS: u64 = 3600 * 1000;
 /// Longest the events handler waits for `users.info` (Slack itself waits
 /// three seconds for the whole answer).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// What kind of conversation `channel` is, as Slack's
+/// `conversations.info` says: `channel` (public), `group` (private),
+/// `mpim` or `im`.
+async fn channel_kind(c: &pb::Connector, channel: &str) -> Result<&'static str, String> {
+    let api = SlackApi::new(c);
+    let r = http::request(
+        "GET",
+        &format!(
+            "{}/conversations.info?channel={}",
+            api.base,
+            super::matrix::enc(channel)
+        ),
+        &[("authorization", format!("Bearer {}", api.token))],
+        None,
+        MEMBERSHIP_TIMEOUT,
+    )
+    .await
+    .map_err(|e| format!("conversations.info: {e}"))?;
+    let v = r.json();
+    if v["ok"] != true {
+        return Err(format!(
+            "conversations.info: {} (the app needs channels:read and groups:read)",
+            v["error"].as_str().unwrap_or("not ok")
+        ));
+    }
+    let ch = &v["channel"];
+    Ok(if ch["is_im"] == true {
+        "im"
+    } else if ch["is_mpim"] == true {
+        "mpim"
+    } else if ch["is_private"] == true || ch["is_group"] == true {
+        "group"
+    } else {
+        "channel"
+    })
+}
 
 /// How long a private channel's member list is taken as current.
 const READERS_TTL_MS: u64 = 10 * 60 * 1000;

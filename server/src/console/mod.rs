@@ -78,7 +78,10 @@ const COMMAND_ROWS: u32 = 200;
 /// live).
 const PAGE_OUTPUT_BYTES: usize = 256 * 1024;
 
-const COOKIE: &str = "byom_session";
+/// `__Host-`: the browser keeps it only from this very host over HTTPS,
+/// with `Path=/` and no `Domain`, so a sibling subdomain cannot set or
+/// shadow it.
+const COOKIE: &str = "__Host-byom_session";
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 const CSS: &str = include_str!("console.css");
 const JS: &str = include_str!("console.js");
