@@ -81,7 +81,9 @@ pub async fn run(c: &mut Client, mut a: ChatArgs) -> anyhow::Result<i32> {
                 }
                 m = tail.message() => {
                     let Ok(Some(t)) = m else { return };
-                    if !(t.from_bot && t.user == "byom") {
+                    // byom's own (no principal): a webhook or an admin
+                    // naming a sender "byom" is someone else.
+                    if !(t.from_bot && t.user == "byom" && t.principal.is_empty()) {
                         continue;
                     }
                     if thread.is_empty() {

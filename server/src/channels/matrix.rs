@@ -603,7 +603,7 @@ fn reaction_answer(
     let target = rel["event_id"].as_str()?;
     let reply = ch.store.channel_message(connector, target).ok()??;
     let reply = ch.store.get_trigger(&reply).ok()??;
-    if !(reply.from_bot && reply.user == "byom") {
+    if !crate::triggers::is_own_reply(&reply) {
         return None;
     }
     let code = byom_agent::approval::code_of_request(&reply.text)?;
@@ -631,7 +631,7 @@ fn replies_to_bot(ch: &Channels, connector: &str, t: &pb::SendEventRequest) -> b
         .ok()
         .flatten()
         .and_then(|id| ch.store.get_trigger(&id).ok().flatten())
-        .is_some_and(|r| r.from_bot && r.user == "byom")
+        .is_some_and(|r| crate::triggers::is_own_reply(&r))
 }
 
 /// Whether the room's latest join rule in `events` lets anyone in.

@@ -333,7 +333,7 @@ pub async fn handle(ch: &Channels, c: &pb::Connector, body: &[u8]) -> (u16, Valu
             .ok()
             .flatten()
             .and_then(|id| ch.store.get_trigger(&id).ok().flatten())
-            .is_some_and(|t| t.from_bot && t.user == "byom");
+            .is_some_and(|t| crate::triggers::is_own_reply(&t));
     }
     // Slack Connect users from another organisation carry their own team.
     let user_team = v["event"]["user_team"]

@@ -12,7 +12,8 @@
   var es = new EventSource(el.dataset.events);
   es.addEventListener("changed", function () {
     es.close();
-    window.location.reload();
+    // Marked as the page's own doing: it does not hold the session open.
+    window.location.replace("/?auto=1");
   });
 })();
 (function () {

@@ -141,8 +141,12 @@ impl Streams {
         digest: F,
     ) -> Response<Body>
     where
-        F: Fn() -> Option<String> + Send + 'static,
+        F: Fn() -> Option<String> + Send + Sync + 'static,
     {
+        // The digest reads the store (blocking I/O, growing with what is
+        // stored): on the blocking pool, never on the threads that serve
+        // the API, the daemons and the webhooks.
+        let digest = Arc::new(digest);
         let valid = |d: &str| d.len() <= MAX_DIGEST && d.bytes().all(|b| b.is_ascii_hexdigit());
         let since = req
             .headers()
@@ -163,7 +167,12 @@ impl Streams {
                 let text = loop {
                     tokio::time::sleep(CHANGES_EVERY).await;
                     quiet += CHANGES_EVERY;
-                    match digest() {
+                    let d = digest.clone();
+                    match tokio::task::spawn_blocking(move || d())
+                        .await
+                        .ok()
+                        .flatten()
+                    {
                         Some(d) if d != since => {
                             let t = format!("id: {d}\nevent: changed\ndata: {{}}\n\n");
                             since = d;

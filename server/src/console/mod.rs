@@ -320,7 +320,19 @@ impl Console {
             return Err(Box::new(not_signed_in("You are not signed in.")));
         };
         let now = byom_wire::now_ms();
-        let session = match sessions::session(&self.api.store, &cookie, now) {
+        // A live stream's request, or a page reloading itself, is the
+        // page at work, not the person: it does not hold the session open.
+        let automatic = req.uri().path().ends_with("/events")
+            || req
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|kv| kv == "auto=1"));
+        let looked = if automatic {
+            sessions::session_untouched(&self.api.store, &cookie, now)
+        } else {
+            sessions::session(&self.api.store, &cookie, now)
+        };
+        let session = match looked {
             Ok(Some(s)) => s,
             Ok(None) => {
                 return Err(Box::new(not_signed_in(
@@ -360,7 +372,8 @@ impl Console {
     /// Whether the session whose secret is `cookie` still stands, its
     /// admin still admitted (a store that cannot say: no).
     fn still_signed_in(&self, cookie: &str) -> bool {
-        let Ok(Some(s)) = sessions::session(&self.api.store, cookie, byom_wire::now_ms()) else {
+        let Ok(Some(s)) = sessions::session_untouched(&self.api.store, cookie, byom_wire::now_ms())
+        else {
             return false;
         };
         self.checker

@@ -167,6 +167,26 @@ pub fn redeem(store: &Store, link: &str, now: u64) -> Result<(String, Session), 
 /// The live session whose secret is `cookie`, its last use recorded;
 /// `None` when there is none (never was, ended, signed out).
 pub fn session(store: &Store, cookie: &str, now: u64) -> Result<Option<Session>, StoreError> {
+    session_at(store, cookie, now, true)
+}
+
+/// [`session`], without counting as the person's activity: what a page
+/// does on its own (a live stream, its rechecks, an automatic reload) must
+/// not keep an unattended session from its idle end.
+pub fn session_untouched(
+    store: &Store,
+    cookie: &str,
+    now: u64,
+) -> Result<Option<Session>, StoreError> {
+    session_at(store, cookie, now, false)
+}
+
+fn session_at(
+    store: &Store,
+    cookie: &str,
+    now: u64,
+    touch: bool,
+) -> Result<Option<Session>, StoreError> {
     if !well_formed(cookie) {
         return Ok(None);
     }
@@ -181,7 +201,7 @@ pub fn session(store: &Store, cookie: &str, now: u64) -> Result<Option<Session>,
         store.delete_raw(Space::Leases, &k)?;
         return Ok(None);
     }
-    if now.saturating_sub(s.last_ms) >= TOUCH_EVERY.as_millis() as u64 {
+    if touch && now.saturating_sub(s.last_ms) >= TOUCH_EVERY.as_millis() as u64 {
         s.last_ms = now;
         let nv = serde_json::to_vec(&s)
             .map_err(|e| StoreError::Corrupt("console".into(), e.to_string()))?;
@@ -291,5 +311,30 @@ mod tests {
         assert!(csrf_ok(&cookie, &csrf(&cookie)));
         assert!(!csrf_ok(&cookie, &csrf(&link)));
         assert!(!csrf_ok(&cookie, ""));
+    }
+
+    /// What a page does on its own (a live stream's recheck every few
+    /// seconds, an automatic reload) finds the session without keeping
+    /// it: an unattended tab still ends 30 minutes after the person's
+    /// last request.
+    #[test]
+    fn a_page_at_work_does_not_keep_its_session() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open_sled(d.path()).unwrap();
+        let (link, _) = create_link(&store, "alice", "k", false, LINK_TTL, 1_000).unwrap();
+        let (cookie, _) = redeem(&store, &link, 1_000).unwrap();
+        let idle = IDLE.as_millis() as u64;
+        let mut t = 1_000;
+        while t < 1_000 + idle - 5_000 {
+            assert!(
+                session_untouched(&store, &cookie, t).unwrap().is_some(),
+                "{t}"
+            );
+            t += 5_000;
+        }
+        assert!(session_untouched(&store, &cookie, 1_000 + idle)
+            .unwrap()
+            .is_none());
+        assert!(session(&store, &cookie, 1_000 + idle).unwrap().is_none());
     }
 }

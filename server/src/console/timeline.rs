@@ -184,7 +184,9 @@ fn entries(d: &ThreadData, now: u64) -> Vec<Entry> {
             m
         });
     for (t, fate) in &d.triggers {
-        let reply = t.from_bot && t.user == "byom";
+        // byom's own, as the core judges it (no principal: a webhook body
+        // saying `"user": "byom"` is someone else's message).
+        let reply = crate::triggers::is_own_reply(t);
         let body = if reply {
             let sent: Vec<String> = receipts
                 .get(t.id.as_str())
