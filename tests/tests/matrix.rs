@@ -12,6 +12,41 @@ use serde_json::{json, Value};
 
 const T: Duration = Duration::from_secs(90);
 
+/// `who` (their ID and token) joins `room` on `inviter`'s invitation.
+fn invite_and_join(syn: &Synapse, room: &str, inviter: &str, who: &str, token: &str) {
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/rooms/{}/invite", enc(room)),
+        inviter,
+        Some(json!({"user_id": who})),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = syn.api(
+        "POST",
+        &format!("/join/{}", enc(room)),
+        token,
+        Some(json!({})),
+    );
+    assert_eq!(st, 200, "{v}");
+}
+
+/// byom's (`bot`'s) messages in `room` as `reader` sees them, newest first.
+fn bot_messages(syn: &Synapse, room: &str, reader: &str, bot: &str) -> Vec<Value> {
+    syn.messages(room, reader)
+        .into_iter()
+        .filter(|e| e["sender"] == bot)
+        .collect()
+}
+
+/// Waits for byom to say something with `what` in it in `room`.
+fn bot_says(syn: &Synapse, room: &str, reader: &str, bot: &str, what: &str) -> Value {
+    wait_for(&format!("the bot to say {what:?}"), T, || {
+        bot_messages(syn, room, reader, bot)
+            .into_iter()
+            .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(what))
+    })
+}
+
 struct Room {
     _dir: tempfile::TempDir,
     server: Server,
@@ -50,12 +85,7 @@ impl Room {
 
     /// The bot's messages in the room, oldest first.
     fn bot_messages(&self) -> Vec<Value> {
-        let mut v: Vec<Value> = self
-            .syn
-            .messages(&self.room, &self.ada)
-            .into_iter()
-            .filter(|e| e["sender"] == self.bot.as_str())
-            .collect();
+        let mut v = bot_messages(&self.syn, &self.room, &self.ada, &self.bot);
         v.reverse();
         v
     }
@@ -351,34 +381,13 @@ fn an_approver_answers_with_a_reaction() {
     server.trust(&["approvers", "add", &format!("matrix:{}", m.ada_id)]);
     // bob, on the same homeserver, is nobody the server trusts.
     let (bob_id, bob) = syn.register("bob");
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/rooms/{}/invite", enc(&m.room)),
-        &m.ada,
-        Some(json!({"user_id": bob_id})),
-    );
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/join/{}", enc(&m.room)),
-        &bob,
-        Some(json!({})),
-    );
-    assert_eq!(st, 200, "{v}");
+    invite_and_join(&syn, &m.room, &m.ada, &bob_id, &bob);
     syn.send(
         &m.room,
         &bob,
         json!({"msgtype": "m.text", "body": "byom: please run `echo by-reaction` on lap"}),
     );
-    let bot = |what: &str| {
-        let what = what.to_string();
-        wait_for(&format!("the bot to say {what:?}"), T, || {
-            syn.messages(&m.room, &m.ada)
-                .into_iter()
-                .filter(|e| e["sender"] == m.bot.as_str())
-                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
-        })
-    };
+    let bot = |what: &str| bot_says(&syn, &m.room, &m.ada, &m.bot, what);
     let ask = bot("echo by-reaction");
     let body = ask["content"]["body"].as_str().unwrap().to_string();
     assert!(body.contains("Approval needed"), "{body}");
@@ -412,9 +421,8 @@ fn an_approver_answers_with_a_reaction() {
         "👍",
     );
     wait_for("the result in the room", T, || {
-        syn.messages(&m.room, &m.ada)
+        bot_messages(&syn, &m.room, &m.ada, &m.bot)
             .into_iter()
-            .filter(|e| e["sender"] == m.bot.as_str())
             .map(|e| e["content"]["body"].as_str().unwrap_or("").to_string())
             .find(|b| {
                 b.contains("by-reaction")
@@ -452,34 +460,13 @@ fn an_approver_answers_in_a_direct_room() {
     });
     // A stranger asks in the team's room (as in the reaction test).
     let (bob_id, bob) = syn.register("bob");
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/rooms/{}/invite", enc(&m.room)),
-        &m.ada,
-        Some(json!({"user_id": bob_id})),
-    );
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/join/{}", enc(&m.room)),
-        &bob,
-        Some(json!({})),
-    );
-    assert_eq!(st, 200, "{v}");
+    invite_and_join(&syn, &m.room, &m.ada, &bob_id, &bob);
     syn.send(
         &m.room,
         &bob,
         json!({"msgtype": "m.text", "body": "byom: please run `echo by-dm` on lap"}),
     );
-    let said = |room: &str, what: &str| {
-        let (room, what) = (room.to_string(), what.to_string());
-        wait_for(&format!("the bot to say {what:?}"), T, || {
-            syn.messages(&room, &m.ada)
-                .into_iter()
-                .filter(|e| e["sender"] == m.bot.as_str())
-                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
-        })
-    };
+    let said = |room: &str, what: &str| bot_says(&syn, room, &m.ada, &m.bot, what);
     let ask = said(&m.room, "echo by-dm");
     let code = server
         .json(&["approvals", "ls"])
@@ -539,29 +526,8 @@ fn a_silent_stranger_in_the_room_keeps_the_laptop_output_back() {
     let m = matrix_room(&server, &syn, dir.path());
     server.trust(&["add", &format!("matrix:{}", m.ada_id)]);
     let (eve_id, eve) = syn.register("eve");
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/rooms/{}/invite", enc(&m.room)),
-        &m.ada,
-        Some(json!({"user_id": eve_id})),
-    );
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/join/{}", enc(&m.room)),
-        &eve,
-        Some(json!({})),
-    );
-    assert_eq!(st, 200, "{v}");
-    let bot = |what: &str| {
-        let what = what.to_string();
-        wait_for(&format!("the bot to say {what:?}"), T, || {
-            syn.messages(&m.room, &m.ada)
-                .into_iter()
-                .filter(|e| e["sender"] == m.bot.as_str())
-                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
-        })
-    };
+    invite_and_join(&syn, &m.room, &m.ada, &eve_id, &eve);
+    let bot = |what: &str| bot_says(&syn, &m.room, &m.ada, &m.bot, what);
     syn.send(
         &m.room,
         &m.ada,
@@ -587,10 +553,8 @@ fn a_silent_stranger_in_the_room_keeps_the_laptop_output_back() {
         json!({"msgtype": "m.text", "body": "byom: please run `echo only-us` on lap"}),
     );
     bot("only-us");
-    let held = syn
-        .messages(&m.room, &m.ada)
+    let held = bot_messages(&syn, &m.room, &m.ada, &m.bot)
         .into_iter()
-        .filter(|e| e["sender"] == m.bot.as_str())
         .filter(|e| {
             e["content"]["body"]
                 .as_str()
@@ -612,15 +576,7 @@ fn a_stranger_hidden_by_a_cut_timeline_still_keeps_the_output_back() {
     let syn = Synapse::start(dir.path());
     let m = matrix_room(&server, &syn, dir.path());
     server.trust(&["add", &format!("matrix:{}", m.ada_id)]);
-    let bot = |what: &str| {
-        let what = what.to_string();
-        wait_for(&format!("the bot to say {what:?}"), T, || {
-            syn.messages(&m.room, &m.ada)
-                .into_iter()
-                .filter(|e| e["sender"] == m.bot.as_str())
-                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
-        })
-    };
+    let bot = |what: &str| bot_says(&syn, &m.room, &m.ada, &m.bot, what);
     // Only Ada reads the room: her output is posted.
     syn.send(
         &m.room,
@@ -630,20 +586,7 @@ fn a_stranger_hidden_by_a_cut_timeline_still_keeps_the_output_back() {
     bot("Done");
     server.kill9();
     let (eve_id, eve) = syn.register("eve");
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/rooms/{}/invite", enc(&m.room)),
-        &m.ada,
-        Some(json!({"user_id": eve_id})),
-    );
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/join/{}", enc(&m.room)),
-        &eve,
-        Some(json!({})),
-    );
-    assert_eq!(st, 200, "{v}");
+    invite_and_join(&syn, &m.room, &m.ada, &eve_id, &eve);
     // More than a sync's timeline (50) after Eve's join.
     for i in 0..60 {
         syn.send(
@@ -745,9 +688,8 @@ fn a_world_readable_room_does_not_get_the_laptop_output_unasked() {
         json!({"msgtype": "m.text", "body": "byom: please run `echo lobby-sees` on lap"}),
     );
     let held = wait_for("the second request", T, || {
-        syn.messages(&m.room, &m.ada)
+        bot_messages(&syn, &m.room, &m.ada, &m.bot)
             .into_iter()
-            .filter(|e| e["sender"] == m.bot.as_str())
             .find_map(|e| {
                 let body = e["content"]["body"].as_str().unwrap_or("");
                 (body.contains("lobby-sees")
@@ -798,34 +740,13 @@ fn a_direct_room_with_someone_else_in_it_is_not_direct() {
         v["joined"].get(&m.bot).map(|_| ())
     });
     // Mallory asks in the team's room.
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/rooms/{}/invite", enc(&m.room)),
-        &m.ada,
-        Some(json!({"user_id": mal_id})),
-    );
-    assert_eq!(st, 200, "{v}");
-    let (st, v) = syn.api(
-        "POST",
-        &format!("/join/{}", enc(&m.room)),
-        &mal,
-        Some(json!({})),
-    );
-    assert_eq!(st, 200, "{v}");
+    invite_and_join(&syn, &m.room, &m.ada, &mal_id, &mal);
     syn.send(
         &m.room,
         &mal,
         json!({"msgtype": "m.text", "body": "byom: please run `echo not-by-dm` on lap"}),
     );
-    let said = |room: &str, what: &str| {
-        let (room, what) = (room.to_string(), what.to_string());
-        wait_for(&format!("the bot to say {what:?}"), T, || {
-            syn.messages(&room, &m.ada)
-                .into_iter()
-                .filter(|e| e["sender"] == m.bot.as_str())
-                .find(|e| e["content"]["body"].as_str().unwrap_or("").contains(&what))
-        })
-    };
+    let said = |room: &str, what: &str| bot_says(&syn, room, &m.ada, &m.bot, what);
     said(&m.room, "echo not-by-dm");
     let code = server
         .json(&["approvals", "ls"])

@@ -65,21 +65,27 @@ for f in text_string_to_metric_families(sys.stdin.read()):
 print(json.dumps({"families": fams, "samples": samples}))
 "#;
 
-fn parse(text: &str) -> Scrape {
-    let mut child = Command::new(venv_python())
-        .args(["-c", PARSE])
+/// What `cmd` prints with `text` on its stdin.
+fn fed(mut cmd: Command, text: &str) -> std::process::Output {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run python");
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     child
         .stdin
         .take()
         .unwrap()
         .write_all(text.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn parse(text: &str) -> Scrape {
+    let mut python = Command::new(venv_python());
+    python.args(["-c", PARSE]);
+    let out = fed(python, text);
     assert!(
         out.status.success(),
         "the Prometheus parser refused the page: {}\n{text}",
@@ -114,23 +120,10 @@ fn parse(text: &str) -> Scrape {
 /// `prometheus` package that `.ci/run` installs): the page is what a
 /// Prometheus server reads, names and units included.
 fn promtool_check(text: &str) {
-    let mut child = match Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => panic!("promtool (Debian's prometheus package; .ci/run installs it): {e}"),
-    };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    // Debian's prometheus package, which .ci/run installs.
+    let mut promtool = Command::new("promtool");
+    promtool.args(["check", "metrics"]);
+    let out = fed(promtool, text);
     assert!(
         out.status.success(),
         "promtool check metrics: {}{}\n{text}",

@@ -146,6 +146,16 @@ fn message(channel: &str, ts: &str, text: &str, extra: Value) -> Value {
 }
 
 /// `byom connectors add slack acme` with the test's token and secret
+/// Waits for byom to post in `channel` a message with `has` in it.
+fn posted(api: &FakeApi, what: &str, channel: &str, has: &str) -> Value {
+    wait_for(what, T, || {
+        posts(api)
+            .into_iter()
+            .map(|r| r.json())
+            .find(|b| b["channel"] == channel && b["text"].as_str().unwrap_or("").contains(has))
+    })
+}
+
 /// (written to files in `dir`) and the Web API at `url`.
 fn add_connector(server: &Server, dir: &std::path::Path, url: &str) -> std::process::Output {
     let token = dir.join("bot.token");
@@ -702,11 +712,7 @@ fn a_public_channel_is_read_by_the_whole_workspace() {
         "channel",
         "echo in-the-open",
     );
-    let request = wait_for("the post's request", T, || {
-        posts(&api).into_iter().map(|r| r.json()).find(|b| {
-            b["channel"] == "C0PUBLIC" && b["text"].as_str().unwrap_or("").contains("characters")
-        })
-    });
+    let request = posted(&api, "the post's request", "C0PUBLIC", "characters");
     let text = request["text"].as_str().unwrap();
     assert!(
         text.contains("Approval needed") && text.contains("public channel"),
@@ -719,11 +725,12 @@ fn a_public_channel_is_read_by_the_whole_workspace() {
         "group",
         "echo among-us",
     );
-    wait_for("the private channel's answer", T, || {
-        posts(&api).into_iter().map(|r| r.json()).find(|b| {
-            b["channel"] == "C0PRIVATE" && b["text"].as_str().unwrap_or("").contains("among-us")
-        })
-    });
+    posted(
+        &api,
+        "the private channel's answer",
+        "C0PRIVATE",
+        "among-us",
+    );
     assert!(
         posts(&api).iter().all(|p| {
             let b = p.json();
@@ -739,11 +746,12 @@ fn a_public_channel_is_read_by_the_whole_workspace() {
         "group",
         "echo eve-reads",
     );
-    let request = wait_for("the private channel's request", T, || {
-        posts(&api).into_iter().map(|r| r.json()).find(|b| {
-            b["channel"] == "C0GUESTS" && b["text"].as_str().unwrap_or("").contains("characters")
-        })
-    });
+    let request = posted(
+        &api,
+        "the private channel's request",
+        "C0GUESTS",
+        "characters",
+    );
     let text = request["text"].as_str().unwrap();
     assert!(
         text.contains("Approval needed") && text.contains("U0EVE"),
@@ -774,11 +782,7 @@ fn a_member_who_joins_a_private_channel_reads_from_then_on() {
         assert_eq!(st, 200, "{v}");
     };
     ask("Ev06ADA1", "1700000000.000600", "echo before-eve");
-    wait_for("the answer among the team", T, || {
-        posts(&api).into_iter().map(|r| r.json()).find(|b| {
-            b["channel"] == "C0LATER" && b["text"].as_str().unwrap_or("").contains("before-eve")
-        })
-    });
+    posted(&api, "the answer among the team", "C0LATER", "before-eve");
     EVE_JOINED_LATER.store(true, Ordering::SeqCst);
     let join = json!({"type": "message", "subtype": "channel_join", "channel": "C0LATER",
                       "user": "U0EVE", "text": "<@U0EVE> has joined the channel",
@@ -787,11 +791,12 @@ fn a_member_who_joins_a_private_channel_reads_from_then_on() {
     let (st, v) = signed(&server, &callback("Ev06JOIN", join), now_s());
     assert_eq!(st, 200, "{v}");
     ask("Ev06ADA2", "1700000000.000602", "echo after-eve");
-    let request = wait_for("the request now that eve reads it", T, || {
-        posts(&api).into_iter().map(|r| r.json()).find(|b| {
-            b["channel"] == "C0LATER" && b["text"].as_str().unwrap_or("").contains("characters")
-        })
-    });
+    let request = posted(
+        &api,
+        "the request now that eve reads it",
+        "C0LATER",
+        "characters",
+    );
     let text = request["text"].as_str().unwrap();
     assert!(
         text.contains("Approval needed") && text.contains("U0EVE"),
@@ -826,11 +831,7 @@ fn a_mention_in_an_unseen_private_channel_is_judged_by_its_members() {
     ev.as_object_mut().unwrap().remove("channel_type");
     let (st, v) = signed(&server, &callback("Ev07MENTION", ev), now_s());
     assert_eq!(st, 200, "{v}");
-    let request = wait_for("the request", T, || {
-        posts(&api).into_iter().map(|r| r.json()).find(|b| {
-            b["channel"] == "C0MENTIONED" && b["text"].as_str().unwrap_or("").contains("characters")
-        })
-    });
+    let request = posted(&api, "the request", "C0MENTIONED", "characters");
     let text = request["text"].as_str().unwrap();
     assert!(
         text.contains("Approval needed") && text.contains("U0EVE"),

@@ -188,7 +188,10 @@ impl Matrix {
         Ok(if people.len() > MAX_READERS {
             Readers::Many(people.len())
         } else {
-            Readers::People(people)
+            Readers::Members {
+                people: people.into_iter().map(|p| (p, String::new())).collect(),
+                at_ms: byom_wire::now_ms(),
+            }
         })
     }
 
@@ -522,7 +525,9 @@ pub async fn sync(ch: Arc<Channels>, c: pb::Connector, stop: CancellationToken) 
                     .flatten()
                     .is_some();
                 let alone_with = match dm_room.then(|| readers::get(store, &c.name, room)) {
-                    Some(Ok(Some(Readers::People(p)))) if p.len() == 1 => p.first().cloned(),
+                    Some(Ok(Some(Readers::Members { people, .. }))) if people.len() == 1 => {
+                        people.first().map(|(p, _)| p.clone())
+                    }
                     _ => None,
                 };
                 for ev in r["timeline"]["events"].as_array().into_iter().flatten() {

@@ -17,8 +17,6 @@ pub const MAX_READERS: usize = 1000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Readers {
-    /// These principals (byom's own account left out): joined or invited.
-    People(Vec<String>),
     /// More than [`MAX_READERS`] people.
     Many(usize),
     /// Everyone in this Slack workspace (a public channel).
@@ -33,9 +31,10 @@ pub enum Readers {
     Anyone(String),
     /// Asking the provider failed (why): held like a stranger's room.
     Unknown(String),
-    /// These principals, each with what the provider vouched for them
-    /// (Slack's `member`/`guest`, see `Trust::judge`), as learnt at
-    /// `at_ms` (a Slack private channel's members).
+    /// These principals (byom's own account left out), each with what the
+    /// provider vouched for them (Slack's `member`/`guest`, see
+    /// `Trust::judge`; empty for Matrix), as learnt at `at_ms`: a Matrix
+    /// room's joined and invited members, a Slack private channel's.
     Members {
         people: Vec<(String, String)>,
         at_ms: u64,
@@ -72,10 +71,6 @@ pub fn get(store: &Store, connector: &str, channel: &str) -> Result<Option<Reade
 /// Someone among `readers` whom `trust` does not trust, said as a reason.
 pub fn untrusted_reader(trust: &Trust, readers: &Readers) -> Option<String> {
     match readers {
-        Readers::People(people) => people
-            .iter()
-            .find(|p| !trust.judge(p, "").trusted)
-            .map(|p| format!("{p}, whom the server does not trust, is in it")),
         Readers::Many(n) => Some(format!(
             "{n} people are in it (more than byom lists: {MAX_READERS})"
         )),
@@ -102,6 +97,17 @@ pub fn untrusted_reader(trust: &Trust, readers: &Readers) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// Members nobody vouched for, as a Matrix room's are.
+    fn people(p: Vec<&str>) -> Readers {
+        Readers::Members {
+            people: p
+                .into_iter()
+                .map(|p| (p.to_string(), String::new()))
+                .collect(),
+            at_ms: 1,
+        }
+    }
+
     fn trust(patterns: &[&str], slack_members: bool) -> Trust {
         Trust {
             trusted: patterns.iter().map(|p| p.to_string()).collect(),
@@ -112,17 +118,11 @@ mod tests {
 
     #[test]
     fn a_room_is_as_trusted_as_its_least_trusted_reader() {
-        let people = Readers::People(vec![
-            "matrix:@ada:hs".into(),
-            "matrix:@eve:elsewhere.org".into(),
-        ]);
+        let room = people(vec!["matrix:@ada:hs", "matrix:@eve:elsewhere.org"]);
         let t = trust(&["matrix:@ada:hs"], false);
-        let why = untrusted_reader(&t, &people).unwrap();
+        let why = untrusted_reader(&t, &room).unwrap();
         assert!(why.contains("@eve:elsewhere.org"), "{why}");
-        assert_eq!(
-            untrusted_reader(&trust(&["matrix:*"], false), &people),
-            None
-        );
+        assert_eq!(untrusted_reader(&trust(&["matrix:*"], false), &room), None);
         assert!(untrusted_reader(&trust(&["matrix:*"], false), &Readers::Many(5000)).is_some());
         assert_eq!(untrusted_reader(&t, &Readers::Private), None);
         assert!(untrusted_reader(
@@ -148,7 +148,7 @@ mod tests {
             &members(&[("slack:T1/U1", "member"), ("slack:T1/U2", "guest")])
         )
         .is_some());
-        assert_eq!(untrusted_reader(&t, &Readers::People(vec![])), None);
+        assert_eq!(untrusted_reader(&t, &people(vec![])), None);
     }
 
     #[test]
@@ -177,7 +177,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = Store::open_sled(d.path()).unwrap();
         assert_eq!(get(&store, "team", "!r:hs").unwrap(), None);
-        let r = Readers::People(vec!["matrix:@ada:hs".into()]);
+        let r = people(vec!["matrix:@ada:hs"]);
         note(&store, "team", "!r:hs", &r).unwrap();
         assert_eq!(get(&store, "team", "!r:hs").unwrap(), Some(r));
         store
