@@ -596,6 +596,16 @@ fn a_stranger_hidden_by_a_cut_timeline_still_keeps_the_output_back() {
         );
     }
     server.restart();
+    // The request comes after the chatter has been read (a request in the
+    // same batch as 60 lines of chatter is not what this test is about).
+    wait_for("the chatter read", T, || {
+        server
+            .json(&["events", "ls", "--limit", "200"])
+            .as_array()?
+            .iter()
+            .any(|t| t["text"] == "just chatting 59")
+            .then_some(())
+    });
     syn.send(
         &m.room,
         &m.ada,
